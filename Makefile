@@ -1,0 +1,53 @@
+# ddp-tutorial: every target creates .venv when it is missing and installs into it.
+#   make demo       2-process DDP run via torchrun on CPU
+#   make test       unit tests, then nbval over every notebook
+#   make lab        Jupyter on notebooks/
+#   make notebooks  re-execute every notebook and store its outputs
+#   make bench      the benchmark suite (python -m ddp_tutorial.bench all)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+NBVAL  := --nbval --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with tests/nbval_sanitize.cfg
+export OMP_NUM_THREADS ?= 1
+export PYTHONHASHSEED = 0
+export MPLBACKEND = Agg
+
+.PHONY: install demo test unit nbval lab notebooks bench doctor clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing into $(VENV) (log: $(VENV)/install.log)"
+	@$(PY) -m pip install -e '.[dev]' > $(VENV)/install.log 2>&1 || { tail -40 $(VENV)/install.log; exit 1; }
+	@$(PY) -m ipykernel install --sys-prefix --name python3 > /dev/null
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.hello
+
+test: unit nbval
+
+unit: $(STAMP)
+	$(PY) -m pytest tests
+
+nbval: $(STAMP)
+	$(PY) -m pytest $(NBVAL) notebooks
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+NB ?= notebooks/*.ipynb
+notebooks: $(STAMP)
+	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False $(NB)
+
+bench: $(STAMP)
+	$(PY) -m ddp_tutorial.bench all
+
+doctor: $(STAMP)
+	$(PY) -m ddp_tutorial
+
+clean:
+	rm -rf $(VENV) .pytest_cache

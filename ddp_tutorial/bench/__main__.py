@@ -1,0 +1,67 @@
+"""Command line of the benchmarks: ``python -m ddp_tutorial.bench {launch,...,all} [--json] [--plot PATH]``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+# Subcommand -> module in this package. Each lesson's benchmark lives in its own module.
+SUBCOMMANDS = ["launch"]
+
+
+def _load(name: str):
+    return importlib.import_module(f"ddp_tutorial.bench.{name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMANDS + ["all"]:
+        module = None if name == "all" else _load(name)
+        p = sub.add_parser(name, help=module.HELP if module else "every benchmark, one after another")
+        p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout)")
+        p.add_argument("--plot", metavar="PATH", help="also save a matplotlib figure (PNG)")
+        if module and hasattr(module, "add_arguments"):
+            module.add_arguments(p)
+    args = parser.parse_args(argv)
+    names = SUBCOMMANDS if args.command == "all" else [args.command]
+    results, modules = [], []
+    for name in names:
+        module = _load(name)
+        if args.command == "all":  # defaults of each subcommand's own options
+            sub_args = sub.choices[name].parse_args([])
+        else:
+            sub_args = args
+        result = module.run(sub_args)
+        print(result, flush=True)
+        print()
+        results.append(result)
+        modules.append(module)
+    if args.json:
+        text = json.dumps([r.to_dict() for r in results], indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        drawable = [(m, r) for m, r in zip(modules, results) if hasattr(m, "plot")]
+        if drawable:
+            fig, axes = plt.subplots(1, len(drawable), figsize=(5 * len(drawable), 4), squeeze=False)
+            for ax, (module, result) in zip(axes[0], drawable):
+                module.plot(result, ax)
+            fig.tight_layout()
+            fig.savefig(args.plot, dpi=100)
+            print(f"figure saved to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

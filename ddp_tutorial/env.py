@@ -1,0 +1,138 @@
+"""Backend and device choice, rank information, and set-up/tear-down of a process group.
+
+The rule used everywhere in the course (``00_start_here``, ``06_ddp_spawn``, ``train``):
+NCCL and ``cuda:LOCAL_RANK`` only when CUDA has a device for every local rank,
+otherwise gloo on the CPU. The pure functions take device counts as arguments so
+the rule is unit-tested without a GPU.
+
+Run a module that needs torchrun without it and you get ``NotLaunchedError``
+saying how to start it, instead of a ``KeyError: 'RANK'``.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["choose_backend", "choose_device", "set_device_for", "RankInfo", "NotLaunchedError",
+           "rank_info", "launched_by_torchrun", "distributed"]
+
+
+def choose_backend(cuda_devices: int | None = None, local_world_size: int = 1,
+                   nccl_available: bool | None = None) -> str:
+    """``"nccl"`` when there is a CUDA device for each of ``local_world_size`` local ranks, else ``"gloo"``."""
+    if cuda_devices is None:
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if nccl_available is None:
+        nccl_available = dist.is_available() and dist.is_nccl_available()
+    if local_world_size < 1:
+        raise ValueError(f"local_world_size must be >= 1, got {local_world_size}")
+    return "nccl" if nccl_available and cuda_devices >= local_world_size else "gloo"
+
+
+def choose_device(local_rank: int, backend: str, cuda_devices: int | None = None) -> torch.device:
+    """The device a rank computes on: ``cuda:local_rank`` with NCCL, the CPU with gloo."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    if cuda_devices is None:
+        cuda_devices = torch.cuda.device_count()
+    if not 0 <= local_rank < cuda_devices:
+        raise ValueError(f"local_rank {local_rank} has no GPU: this node has {cuda_devices} "
+                         f"CUDA device(s); start at most {cuda_devices} processes per node")
+    return torch.device("cuda", local_rank)
+
+
+def set_device_for(local_rank: int, backend: str) -> torch.device:
+    """Choose the rank's device and make it current (NCCL needs the current device set)."""
+    device = choose_device(local_rank, backend)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
+class NotLaunchedError(RuntimeError):
+    """A module that needs torchrun's environment was started without torchrun."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    restart_count: int = 0
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // self.local_world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
+    """torchrun (and our ``spawn``) set ``RANK``; a plain ``python`` run does not."""
+    return "RANK" in (os.environ if environ is None else environ)
+
+
+def rank_info(environ: Mapping[str, str] | None = None, *, module: str = "this module",
+              allow_single: bool = True) -> RankInfo:
+    """Read RANK, LOCAL_RANK, WORLD_SIZE (and torchrun's restart count) from the environment.
+
+    Without torchrun: one process (rank 0 of 1) when ``allow_single``, otherwise
+    ``NotLaunchedError`` with the command to use.
+    """
+    env = os.environ if environ is None else environ
+    if not launched_by_torchrun(env):
+        if allow_single:
+            return RankInfo(0, 0, 1, 1)
+        raise NotLaunchedError(
+            f"{module} must be started by torchrun, which sets RANK, LOCAL_RANK and WORLD_SIZE; "
+            f"for example: torchrun --nproc-per-node=2 -m {module}")
+    try:
+        rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank = int(env.get("LOCAL_RANK", rank))
+        local_world_size = int(env.get("LOCAL_WORLD_SIZE", world_size))
+        restarts = int(env.get("TORCHELASTIC_RESTART_COUNT", 0))
+    except KeyError as missing:
+        raise NotLaunchedError(f"RANK is set but {missing.args[0]} is not: start with torchrun") from None
+    except ValueError as bad:
+        raise NotLaunchedError(f"malformed torchrun environment: {bad}") from None
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise NotLaunchedError(f"RANK={rank} is not in range for WORLD_SIZE={world_size}")
+    if not 0 <= local_rank < local_world_size:
+        raise NotLaunchedError(f"LOCAL_RANK={local_rank} is not in range for LOCAL_WORLD_SIZE={local_world_size}")
+    return RankInfo(rank, local_rank, world_size, local_world_size, restarts)
+
+
+@contextmanager
+def distributed(backend: str | None = None, *, timeout: float = 300.0,
+                environ: Mapping[str, str] | None = None) -> Iterator[tuple[RankInfo, torch.device]]:
+    """Join the default process group from torchrun's environment; always leave it.
+
+    Yields ``(info, device)``. A single process (no torchrun) gets a world of
+    one, so the same script runs alone and under torchrun. If the group was
+    already initialised (by ``launch.spawn``), it is used and left alone.
+    """
+    info = rank_info(environ)
+    if dist.is_initialized():
+        yield info, choose_device(info.local_rank, dist.get_backend())
+        return
+    backend = backend or choose_backend(local_world_size=info.local_world_size)
+    device = set_device_for(info.local_rank, backend)
+    if launched_by_torchrun(environ):
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    else:
+        # One process: a world of one on an in-memory store, no port needed.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield info, device
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,371 @@
+"""Run a worker on several processes from a notebook, a test or a shell.
+
+``spawn(fn, world_size)`` is what every notebook uses (from ``00_start_here`` on):
+
+    >>> from ddp_tutorial.launch import spawn
+    >>> from ddp_tutorial.hello import all_reduce_ranks
+    >>> spawn(all_reduce_ranks, world_size=2)
+    [1.0, 1.0]
+
+Why not ``torch.multiprocessing.spawn``? Three reasons a notebook feels:
+- Jupyter does not show what child processes print; here every rank's output is
+  captured and re-printed by the parent as ``[rank N] ...``, in rank order.
+- Each ``mp.spawn`` child imports torch from scratch (seconds). Here children are
+  forked from a *forkserver* that imported torch once, so a warm launch costs tens
+  of milliseconds (``python -m ddp_tutorial.bench launch`` measures it).
+- A failing or hanging rank must not freeze the kernel: it becomes a
+  ``WorkerError`` / ``WorkerTimeout`` and every child is stopped.
+
+The rendezvous store is hosted by the parent on a port the kernel picks
+(127.0.0.1 by default), so two launches never race for a port. Children join it
+as clients, exactly the way torchrun's workers join the agent's store.
+
+``torchrun(module, nproc_per_node)`` runs the real ``torchrun`` in a subprocess
+and returns its exit code and output (used from ``08_torchrun`` on).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing import spawn as mp_spawn
+from multiprocessing.connection import wait
+from typing import Any, Callable, Sequence
+
+__all__ = ["spawn", "torchrun", "free_port", "WorkerError", "WorkerTimeout",
+           "TorchrunError", "TorchrunResult"]
+
+LOCALHOST = "127.0.0.1"
+# Imported once by the forkserver, so forked children start with torch loaded.
+_PRELOAD = ["torch", "torch.distributed", "ddp_tutorial.launch"]
+
+
+class WorkerError(RuntimeError):
+    """A rank raised (or died). ``rank`` is the first failing rank, ``remote_traceback`` its traceback."""
+
+    def __init__(self, rank: int, message: str, remote_traceback: str = ""):
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        text = f"rank {rank} failed: {message}"
+        if remote_traceback:
+            text += f"\n\n--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}"
+        super().__init__(text)
+
+
+class WorkerTimeout(WorkerError, TimeoutError):
+    """Ranks were still running when the timeout ran out. ``ranks`` lists them."""
+
+    def __init__(self, ranks: Sequence[int], timeout: float):
+        self.ranks = list(ranks)
+        RuntimeError.__init__(
+            self, f"timed out after {timeout:g} s; ranks still running: {self.ranks} "
+            "(a hang: a collective some rank never reached, or a deadlock in send/recv)")
+        self.rank = self.ranks[0]
+        self.remote_traceback = ""
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """A port that was free a moment ago (for tools that need a number up front)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _check_target(fn: Callable) -> None:
+    if not callable(fn):
+        raise TypeError(f"spawn() needs a function to run on every rank, got {type(fn).__name__}: {fn!r}")
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+    if module == "__main__":
+        raise ValueError(
+            f"the worker {qualname!r} is defined in __main__ (a notebook or a script run directly); "
+            "child processes cannot import it. Move it into a module (for example "
+            "ddp_tutorial/my_lesson.py) and import it from there.")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"the worker {qualname!r} is a lambda or nested function, which cannot be "
+                         "pickled; define it at the top level of a module.")
+
+
+@contextmanager
+def _children_skip_main():
+    """Children never re-run the caller's ``__main__`` (a script, pytest, the kernel).
+
+    multiprocessing normally re-imports ``__main__`` in each child so that
+    functions defined there can be found. ``spawn`` refuses such functions, so the
+    re-import would only cost time, and would fail in scripts without an
+    ``if __name__ == "__main__":`` guard.
+    """
+    original = mp_spawn.get_preparation_data
+
+    def prepare(name):
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    mp_spawn.get_preparation_data = prepare
+    try:
+        yield
+    finally:
+        mp_spawn.get_preparation_data = original
+
+
+def _context() -> mp.context.BaseContext:
+    if sys.platform == "win32" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, threads, timeout):
+    """Runs in the child: redirect output, set up the group, run ``fn``, send back the result."""
+    os.setpgrp()  # own process group: the parent can stop this rank and anything it started
+    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), write_through=True)
+    sys.stderr = sys.stdout
+    os.environ.clear()  # a forkserver child has the server's environment: use the caller's
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    status: tuple = ("ok", None)
+    try:
+        if init_pg:
+            from ddp_tutorial.env import choose_backend, set_device_for
+
+            chosen = backend or choose_backend()
+            set_device_for(rank, chosen)
+            dist.init_process_group(chosen, rank=rank, world_size=world_size,
+                                    timeout=timedelta(seconds=timeout))
+        try:
+            status = ("ok", fn(rank, world_size, *args))
+        finally:
+            if init_pg and dist.is_initialized():
+                dist.destroy_process_group()
+    except BaseException as exc:  # report everything, even SystemExit, to the parent
+        status = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    sys.stdout.flush()
+    try:
+        payload = pickle.dumps(status)
+    except Exception as exc:
+        payload = pickle.dumps(("error", f"the return value of rank {rank} cannot be pickled: {exc}", ""))
+    conn.send_bytes(payload)
+    conn.close()
+
+
+def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
+    """Stop every child and everything it started; wait until they are gone."""
+    for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
+        for p in procs:
+            if p.pid is None:
+                continue
+            for kill in (lambda: os.killpg(p.pid, sig), lambda: os.kill(p.pid, sig)):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + grace
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        if not any(p.is_alive() for p in procs):
+            break
+
+
+def _relay(out_paths: Sequence[str], stream) -> None:
+    for rank, path in enumerate(out_paths):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except FileNotFoundError:
+            continue
+        for line in text.splitlines():
+            if _is_noise(line):
+                continue
+            print(f"[rank {rank}] {line}", file=stream)
+    stream.flush()
+
+
+def _is_noise(line: str) -> bool:
+    # gloo's own start-up chatter would make notebook output depend on timing
+    return line.startswith("[Gloo] Rank ") and "connected to" in line
+
+
+def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (), *,
+          backend: str | None = None, timeout: float = 60.0, init_process_group: bool = True,
+          threads: int | None = None, master_addr: str = LOCALHOST, quiet: bool = False) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return results by rank.
+
+    ``init_process_group=True`` sets up the default group (``backend`` or the
+    best available, see ``ddp_tutorial.env.choose_backend``) before ``fn`` and
+    destroys it afterwards. With ``False`` only ``MASTER_ADDR``/``MASTER_PORT``
+    are set and ``fn`` calls ``dist.init_process_group`` itself. Each rank uses
+    ``threads`` torch threads (default: the cores shared out between ranks).
+    ``quiet=True`` drops the relayed output.
+    """
+    _check_target(fn)
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    import torch.distributed as dist
+
+    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    # The parent hosts the store on a port chosen by the kernel: no race for ports.
+    store = dist.TCPStore(master_addr, 0, world_size, is_master=True,
+                          timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    env = dict(os.environ, MASTER_ADDR=master_addr, MASTER_PORT=str(store.port),
+               WORLD_SIZE=str(world_size), TORCHELASTIC_USE_AGENT_STORE="True",
+               OMP_NUM_THREADS=str(threads))
+    ctx = _context()
+    procs, conns, results, errors = [], {}, {}, {}
+    with tempfile.TemporaryDirectory(prefix="ddp_tutorial_") as tmp:
+        out_paths = [os.path.join(tmp, f"rank{r}.out") for r in range(world_size)]
+        try:
+            with _children_skip_main():
+                for rank in range(world_size):
+                    recv, send = ctx.Pipe(duplex=False)
+                    rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank),
+                                    LOCAL_WORLD_SIZE=str(world_size))
+                    p = ctx.Process(target=_child, name=f"rank{rank}", daemon=True,
+                                    args=(fn, rank, world_size, tuple(args), backend, init_process_group,
+                                          rank_env, out_paths[rank], send, threads, timeout))
+                    p.start()
+                    send.close()
+                    procs.append(p)
+                    conns[recv] = rank
+            deadline = time.monotonic() + timeout
+            pending = {p.sentinel: r for r, p in enumerate(procs)}
+            while (conns or pending) and not errors:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for ready in wait(list(conns) + list(pending), timeout=left):
+                    if ready in conns:
+                        rank = conns.pop(ready)
+                        try:
+                            status = pickle.loads(ready.recv_bytes())
+                        except EOFError:
+                            continue  # died before reporting: its sentinel tells
+                        if status[0] == "ok":
+                            results[rank] = status[1]
+                        else:
+                            errors[rank] = status[1:]
+                    elif ready in pending:
+                        rank = pending.pop(ready)
+                        if rank not in results and rank not in errors and not _has_message(conns, rank):
+                            code = procs[rank].exitcode
+                            errors[rank] = (f"process exited with code {code} before returning a result", "")
+            still_running = [r for r in range(world_size) if r not in results and r not in errors]
+        finally:
+            _stop(procs)
+            for c in conns:
+                c.close()
+            del store
+            if not quiet:
+                _relay(out_paths, sys.stdout)
+    if errors:
+        rank = min(errors)
+        raise WorkerError(rank, *errors[rank])
+    if still_running:
+        raise WorkerTimeout(still_running, timeout)
+    return [results[r] for r in range(world_size)]
+
+
+def _has_message(conns: dict, rank: int) -> bool:
+    """True when ``rank`` exited but its result is still waiting in the pipe."""
+    for conn, r in conns.items():
+        if r == rank and conn.poll():
+            return True
+    return False
+
+
+# ----------------------------------------------------------------- torchrun
+
+
+@dataclass
+class TorchrunResult:
+    returncode: int
+    output: str
+
+    def __str__(self) -> str:
+        return self.output
+
+
+class TorchrunError(RuntimeError):
+    def __init__(self, result: TorchrunResult, command: Sequence[str]):
+        self.result = result
+        super().__init__(f"torchrun exited with code {result.returncode}: {' '.join(command)}\n"
+                         f"--- output ---\n{result.output.rstrip()}")
+
+
+def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (),
+                     **opts: Any) -> list[str]:
+    """The ``torchrun`` command line for ``module``; ``opts`` become ``--key=value``.
+
+    Without rendezvous options it adds ``--standalone`` (one node, a free port on
+    localhost chosen by torchrun itself).
+    """
+    rdzv_keys = {"standalone", "nnodes", "rdzv_endpoint", "master_port", "master_addr", "rdzv_backend"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
+    if not rdzv_keys & set(opts):
+        cmd.append("--standalone")
+    for key, value in opts.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        elif value not in (False, None):
+            cmd.append(f"{flag}={value}")
+    return cmd + ["-m", module] + [str(a) for a in args]
+
+
+def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,
+             timeout: float = 300.0, check: bool = True, env: dict | None = None,
+             **opts: Any) -> TorchrunResult:
+    """Run ``torchrun ... -m module args`` and return its exit code and output.
+
+    Raises ``TorchrunError`` (with the whole output) on a non-zero exit when
+    ``check`` is true, and ``TimeoutError`` after ``timeout`` seconds; either way
+    torchrun and all its workers are gone when this returns.
+    """
+    cmd = torchrun_command(module, nproc_per_node, args, **opts)
+    run_env = dict(os.environ if env is None else env)
+    run_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+    run_env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=run_env, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        output, _ = proc.communicate()
+        raise TimeoutError(f"torchrun did not finish within {timeout:g} s: {' '.join(cmd)}\n"
+                           f"--- output ---\n{output}") from None
+    finally:
+        _kill_session(proc)
+    result = TorchrunResult(proc.returncode, output)
+    if check and proc.returncode != 0:
+        raise TorchrunError(result, cmd)
+    return result
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
