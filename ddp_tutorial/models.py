@@ -21,3 +21,43 @@ class ToyModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net2(self.relu(self.net1(x)))
+
+
+class DeepMLP(nn.Module):
+    """A stack of Linear + ReLU layers; the defaults hold about 1M parameters (``07_ddp_from_scratch``).
+
+    Many equal layers make many gradients that become ready one after another
+    during backward, which is what gradient bucketing works with.
+    """
+
+    def __init__(self, in_features: int = 256, hidden: int = 512, depth: int = 4, out_features: int = 10):
+        super().__init__()
+        sizes = [in_features] + [hidden] * depth + [in_features, out_features]
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(nn.ReLU())
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class SharedLayerNet(nn.Module):
+    """One Linear used twice per forward, plus BatchNorm buffers (``07_ddp_from_scratch`` tests).
+
+    The shared weight gets two gradient contributions in one backward; the
+    BatchNorm running statistics are buffers that DDP keeps equal by broadcast.
+    """
+
+    def __init__(self, features: int = 8, out_features: int = 2):
+        super().__init__()
+        self.shared = nn.Linear(features, features)
+        self.norm = nn.BatchNorm1d(features)
+        self.head = nn.Linear(features, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.shared(x))
+        h = torch.tanh(self.shared(self.norm(h)))
+        return self.head(h)
