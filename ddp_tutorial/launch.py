@@ -136,7 +136,8 @@ def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, th
     out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
-    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), write_through=True)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), encoding="utf-8",
+                                  errors="replace", write_through=True)
     sys.stderr = sys.stdout
     os.environ.clear()  # a forkserver child has the server's environment: use the caller's
     os.environ.update(env)
@@ -144,29 +145,34 @@ def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, th
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
-    status: tuple = ("ok", None)
+
+    def report(status: tuple) -> None:
+        sys.stdout.flush()
+        try:
+            payload = pickle.dumps(status)
+        except Exception as exc:
+            payload = pickle.dumps(("error", f"the return value of rank {rank} cannot be pickled: {exc}", ""))
+        conn.send_bytes(payload)
+        conn.close()
+
     try:
         if init_pg:
             from ddp_tutorial.env import choose_backend, set_device_for
 
-            chosen = backend or choose_backend()
+            chosen = backend or choose_backend(local_world_size=world_size)
             set_device_for(rank, chosen)
             dist.init_process_group(chosen, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout))
-        try:
-            status = ("ok", fn(rank, world_size, *args))
-        finally:
-            if init_pg and dist.is_initialized():
-                dist.destroy_process_group()
+        result = fn(rank, world_size, *args)
     except BaseException as exc:  # report everything, even SystemExit, to the parent
-        status = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
-    sys.stdout.flush()
-    try:
-        payload = pickle.dumps(status)
-    except Exception as exc:
-        payload = pickle.dumps(("error", f"the return value of rank {rank} cannot be pickled: {exc}", ""))
-    conn.send_bytes(payload)
-    conn.close()
+        # Report before tearing down: the teardown makes the other ranks fail too,
+        # and the parent should hear about the cause first.
+        report(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    else:
+        report(("ok", result))
+    finally:
+        if init_pg and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
@@ -251,7 +257,12 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
                     conns[recv] = rank
             deadline = time.monotonic() + timeout
             pending = {p.sentinel: r for r, p in enumerate(procs)}
-            while (conns or pending) and not errors:
+            grace_set = False
+            while conns or pending:
+                if errors and not grace_set:
+                    # A short grace, so that the root cause can arrive if a peer's
+                    # consequential error was reported first; then stop everyone.
+                    deadline, grace_set = min(deadline, time.monotonic() + 0.5), True
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -280,11 +291,28 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
             if not quiet:
                 _relay(out_paths, sys.stdout)
     if errors:
-        rank = min(errors)
-        raise WorkerError(rank, *errors[rank])
+        rank = _root_cause(errors)
+        message, remote_tb = errors[rank]
+        others = sorted(set(errors) - {rank})
+        if others:
+            message += f" (ranks {others} failed too, probably as a consequence)"
+        raise WorkerError(rank, message, remote_tb)
     if still_running:
         raise WorkerTimeout(still_running, timeout)
     return [results[r] for r in range(world_size)]
+
+
+# Errors a rank gets because a *peer* failed: not the cause.
+_PEER_FAILURE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                 "remote worker crashing", "NCCL communicator was aborted")
+
+
+def _root_cause(errors: dict) -> int:
+    """The rank whose error is the cause: the first reported one that is not a peer failure."""
+    for rank in errors:  # dicts keep arrival order
+        if not any(marker in errors[rank][0] for marker in _PEER_FAILURE):
+            return rank
+    return next(iter(errors))
 
 
 def _has_message(conns: dict, rank: int) -> bool:

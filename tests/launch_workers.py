@@ -1,0 +1,64 @@
+"""Spawn targets for tests/test_launch.py (spawned functions must live in an importable module)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def identify(rank: int, world_size: int) -> tuple:
+    # Higher ranks finish first, so ordering by completion would be wrong.
+    time.sleep(0.05 * (world_size - rank))
+    return rank, world_size, dist.get_rank(), dist.get_world_size(), os.getpid()
+
+
+def fail_on(rank: int, world_size: int, bad_rank: int, pid_dir: str) -> None:
+    _note_pid(pid_dir, rank)
+    if rank == bad_rank:
+        raise ValueError(f"boom from rank {rank}")
+    dist.barrier()  # the others would wait here forever for the failed rank
+
+
+def hang_on(rank: int, world_size: int, bad_rank: int, pid_dir: str) -> int:
+    _note_pid(pid_dir, rank)
+    if rank == bad_rank:
+        time.sleep(3600)
+    return rank
+
+
+def die_on(rank: int, world_size: int, bad_rank: int) -> int:
+    if rank == bad_rank:
+        os._exit(3)
+    return rank
+
+
+def chatty(rank: int, world_size: int) -> None:
+    # Rank world_size-1 prints first in wall-clock time; the relay must still be in rank order.
+    time.sleep(0.1 * (world_size - 1 - rank))
+    print(f"first line of rank {rank}")
+    print(f"second line of rank {rank}", flush=True)
+    os.write(1, f"raw fd write of rank {rank}\n".encode())
+
+
+def self_init(rank: int, world_size: int) -> tuple:
+    """With init_process_group=False the worker sets up the group itself, from env://."""
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        x = torch.ones(3) * (rank + 1)
+        dist.all_reduce(x)
+        return os.environ["MASTER_ADDR"], x.tolist()
+    finally:
+        dist.destroy_process_group()
+
+
+def unpicklable(rank: int, world_size: int):
+    return lambda: rank
+
+
+def _note_pid(pid_dir: str, rank: int) -> None:
+    with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))

@@ -1,0 +1,75 @@
+"""ddp_tutorial.env: backend/device choice for simulated machines, and rank info from the environment."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddp_tutorial.env import (NotLaunchedError, RankInfo, choose_backend, choose_device,
+                              rank_info)
+
+
+@pytest.mark.parametrize("cuda_devices, local_world_size, nccl, expected", [
+    (0, 1, True, "gloo"),    # a laptop: no GPU
+    (0, 4, True, "gloo"),
+    (1, 1, True, "nccl"),    # one GPU, one process
+    (8, 8, True, "nccl"),    # a full DGX node
+    (8, 4, True, "nccl"),    # fewer processes than GPUs is fine
+    (2, 4, True, "gloo"),    # more processes than GPUs: NCCL would put two ranks on one GPU
+    (4, 4, False, "gloo"),   # a torch build without NCCL (macOS, Windows)
+])
+def test_backend_choice(cuda_devices, local_world_size, nccl, expected):
+    assert choose_backend(cuda_devices, local_world_size, nccl_available=nccl) == expected
+
+
+def test_backend_choice_on_this_machine_matches_what_torch_reports():
+    has_gpus = torch.cuda.is_available() and torch.cuda.device_count() >= 1
+    assert choose_backend() == ("nccl" if has_gpus and torch.distributed.is_nccl_available() else "gloo")
+
+
+def test_backend_rejects_an_empty_node():
+    with pytest.raises(ValueError, match="local_world_size must be >= 1"):
+        choose_backend(2, 0)
+
+
+@pytest.mark.parametrize("local_rank", [0, 1, 3])
+def test_device_is_cuda_local_rank_with_nccl(local_rank):
+    assert choose_device(local_rank, "nccl", cuda_devices=4) == torch.device("cuda", local_rank)
+
+
+@pytest.mark.parametrize("local_rank", [0, 5])
+def test_device_is_cpu_with_gloo(local_rank):
+    assert choose_device(local_rank, "gloo", cuda_devices=4) == torch.device("cpu")
+
+
+def test_device_error_names_the_rank_without_a_gpu():
+    with pytest.raises(ValueError, match="local_rank 2 has no GPU: this node has 2 CUDA device"):
+        choose_device(2, "nccl", cuda_devices=2)
+
+
+def test_rank_info_from_a_torchrun_environment():
+    env = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+           "TORCHELASTIC_RESTART_COUNT": "2"}
+    info = rank_info(env)
+    assert info == RankInfo(rank=5, local_rank=1, world_size=8, local_world_size=4, restart_count=2)
+    assert info.node_rank == 1 and not info.is_main
+
+
+def test_without_torchrun_a_single_process_is_rank_0_of_1():
+    assert rank_info({}) == RankInfo(0, 0, 1, 1)
+
+
+def test_without_torchrun_a_module_that_needs_it_says_how_to_start():
+    with pytest.raises(NotLaunchedError, match=r"torchrun --nproc-per-node=2 -m ddp_tutorial\.x"):
+        rank_info({}, module="ddp_tutorial.x", allow_single=False)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "0"}, "WORLD_SIZE is not"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not in range for WORLD_SIZE=2"),
+    ({"RANK": "a", "WORLD_SIZE": "2"}, "malformed"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=3"),
+])
+def test_broken_environments_get_clear_errors(env, message):
+    with pytest.raises(NotLaunchedError, match=message):
+        rank_info(env)

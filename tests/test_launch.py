@@ -1,0 +1,163 @@
+"""ddp_tutorial.launch: the contract of spawn() and torchrun() in DESIGN.md."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import launch_workers as w
+from ddp_tutorial.launch import TorchrunError, WorkerError, WorkerTimeout, spawn, torchrun
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def assert_all_gone(pids, within: float = 3.0) -> None:
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)], "child processes outlived the launch"
+
+
+def pids_in(directory: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(directory.glob("*.pid"))]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_results_are_ordered_by_rank(world_size):
+    results = spawn(w.identify, world_size, timeout=60)
+    assert [r[:4] for r in results] == [(r, world_size, r, world_size) for r in range(world_size)]
+    assert_all_gone([r[4] for r in results])
+
+
+def test_raising_rank_gives_worker_error_and_stops_the_others(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        spawn(w.fail_on, 3, args=(1, str(tmp_path)), timeout=60)
+    assert time.monotonic() - start < 30, "the other ranks were not stopped promptly"
+    err = info.value
+    assert not isinstance(err, WorkerTimeout)
+    assert err.rank == 1
+    assert "rank 1" in str(err) and "ValueError: boom from rank 1" in str(err)
+    assert "fail_on" in err.remote_traceback  # the remote traceback, not the parent's
+    assert len(pids_in(tmp_path)) == 3
+    assert_all_gone(pids_in(tmp_path))
+
+
+def test_hanging_rank_gives_worker_timeout_within_the_timeout(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeout) as info:
+        spawn(w.hang_on, 2, args=(1, str(tmp_path)), timeout=3)
+    elapsed = time.monotonic() - start
+    assert 3 <= elapsed < 15
+    assert info.value.ranks == [1]
+    assert "ranks still running: [1]" in str(info.value)
+    assert_all_gone(pids_in(tmp_path))
+
+
+def test_a_rank_that_dies_without_an_exception_is_reported():
+    with pytest.raises(WorkerError, match=r"rank 1 failed: process exited with code 3"):
+        spawn(w.die_on, 2, args=(1,), timeout=30)
+
+
+def test_unpicklable_result_is_reported():
+    with pytest.raises(WorkerError, match="cannot be pickled"):
+        spawn(w.unpicklable, 2, timeout=30)
+
+
+def test_output_is_relayed_in_rank_order(capsys):
+    spawn(w.chatty, 3, timeout=30)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rank")]
+    expected = []
+    for r in range(3):
+        expected += [f"[rank {r}] first line of rank {r}", f"[rank {r}] second line of rank {r}",
+                     f"[rank {r}] raw fd write of rank {r}"]
+    assert lines == expected
+
+
+def test_quiet_drops_relayed_output(capsys):
+    spawn(w.chatty, 2, timeout=30, quiet=True)
+    assert "[rank" not in capsys.readouterr().out
+
+
+def test_without_init_the_worker_initialises_itself_on_localhost():
+    results = spawn(w.self_init, 2, init_process_group=False, timeout=30)
+    assert results == [("127.0.0.1", [3.0, 3.0, 3.0])] * 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_world_size_must_be_a_positive_whole_number(bad):
+    with pytest.raises(ValueError, match="world_size must be a whole number >= 1"):
+        spawn(w.identify, bad)
+
+
+def test_non_callable_target_is_rejected():
+    with pytest.raises(TypeError, match="needs a function"):
+        spawn("identify", 2)
+
+
+def test_main_defined_target_is_refused_with_advice():
+    def worker(rank, world_size):
+        return rank
+
+    worker.__module__ = "__main__"
+    worker.__qualname__ = "worker"
+    with pytest.raises(ValueError, match=r"defined in __main__.*Move it into a module"):
+        spawn(worker, 2)
+
+
+def test_lambda_target_is_refused():
+    with pytest.raises(ValueError, match="lambda or nested function"):
+        spawn(lambda rank, world_size: rank, 2)
+
+
+def test_two_launches_in_two_processes_at_once_both_succeed():
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        from ddp_tutorial.launch import spawn
+        from ddp_tutorial.hello import all_reduce_ranks
+        for _ in range(5):
+            assert spawn(all_reduce_ranks, 2, quiet=True, timeout=60) == [1.0, 1.0]
+        print("ok")
+    """ % str(Path(__file__).parent))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=100)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert all(out.strip().endswith("ok") for out in outputs)
+
+
+def test_torchrun_runs_a_module_and_returns_its_output():
+    result = torchrun("ddp_tutorial.hello", nproc_per_node=2, timeout=120)
+    assert result.returncode == 0
+    assert "all_reduce over 2 rank(s) on gloo: OK" in result.output
+
+
+def test_torchrun_failure_raises_with_the_output():
+    with pytest.raises(TorchrunError) as info:
+        torchrun("ddp_tutorial.no_such_module", nproc_per_node=1, timeout=120)
+    assert info.value.result.returncode != 0
+    assert "No module named ddp_tutorial.no_such_module" in str(info.value)
+
+
+def test_hello_runs_alone_as_a_world_of_one():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    out = subprocess.run([sys.executable, "-m", "ddp_tutorial.hello"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "all_reduce over 1 rank(s) on gloo: OK" in out.stdout
