@@ -1,0 +1,165 @@
+"""Offline datasets and the loaders each rank trains on (``10_train_end_to_end``, ``train``).
+
+- ``digits``: scikit-learn's 1,797 real 8x8 handwritten digits, shipped with the
+  package (no download), split into train/test with a fixed seed.
+- ``cifar10``: torchvision's CIFAR-10 from ``--data-dir``. Downloading happens only
+  with an explicit flag, by rank 0 first while the other ranks wait.
+- ``fake``: torchvision's ``FakeData`` (random images) for throughput runs.
+
+Training data is split between ranks by ``DistributedSampler`` (call
+``set_epoch`` every epoch); test data by ``shard_indices``, which never pads, so
+every test sample is counted exactly once when metrics are all-reduced.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
+
+__all__ = ["DATASETS", "DataError", "DataSpec", "load_dataset", "digits", "cifar10", "fake",
+           "shard_indices", "make_loaders"]
+
+DATASETS = ("digits", "cifar10", "fake")
+CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+
+class DataError(ValueError):
+    """Bad data input (unknown dataset, missing directory, too large a batch): a one-line message."""
+
+
+@dataclass
+class DataSpec:
+    """The two splits and the shape a model must accept."""
+
+    train: Dataset
+    test: Dataset
+    in_channels: int
+    image_size: int
+    num_classes: int
+
+
+def digits(seed: int = 0, test_fraction: float = 0.2) -> DataSpec:
+    """sklearn's digits as float tensors in [0, 1], shape (1, 8, 8); the split depends only on ``seed``."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(bunch.target, dtype=torch.long)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    n_test = int(round(len(labels) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    return DataSpec(TensorDataset(images[train], labels[train]),
+                    TensorDataset(images[test], labels[test]), 1, 8, 10)
+
+
+def fake(num_samples: int = 2048, image_size: int = 32, seed: int = 0) -> DataSpec:
+    """Random 3 x image_size x image_size images with random labels (accuracy stays at chance)."""
+    from torchvision.datasets import FakeData
+    from torchvision.transforms import ToTensor
+
+    def materialise(size: int, offset: int) -> TensorDataset:
+        # FakeData draws every image through PIL on each access; turning it into tensors once
+        # keeps the throughput benchmark about training, not image decoding.
+        data = FakeData(size=size, image_size=(3, image_size, image_size), num_classes=10,
+                        transform=ToTensor(), random_offset=offset)
+        images, labels = zip(*(data[i] for i in range(size)))
+        return TensorDataset(torch.stack(images), torch.tensor(labels, dtype=torch.long))
+
+    n_test = max(1, num_samples // 8)
+    return DataSpec(materialise(num_samples, seed), materialise(n_test, seed + num_samples),
+                    3, image_size, 10)
+
+
+def cifar10(data_dir: str | None, download: bool = False) -> DataSpec:
+    """CIFAR-10 from ``data_dir`` with the usual crop/flip augmentation on the training split.
+
+    With ``download``, rank 0 fetches it first and the others wait for it; without,
+    a missing or empty directory is a ``DataError`` saying what to do.
+    """
+    from torchvision import datasets, transforms
+
+    if not data_dir:
+        raise DataError("--dataset cifar10 needs --data-dir DIR (a folder holding cifar-10-batches-py)")
+    if download:
+        _download_on_rank0(data_dir)
+    elif not os.path.isdir(data_dir):
+        raise DataError(f"--data-dir {data_dir} does not exist (add --download to fetch CIFAR-10 into it)")
+    elif not os.listdir(data_dir):
+        raise DataError(f"--data-dir {data_dir} is empty (add --download to fetch CIFAR-10 into it)")
+    normalise = transforms.Normalize(CIFAR_MEAN, CIFAR_STD)
+    augment = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(),
+                                  transforms.ToTensor(), normalise])
+    plain = transforms.Compose([transforms.ToTensor(), normalise])
+    try:
+        train = datasets.CIFAR10(data_dir, train=True, transform=augment, download=False)
+        test = datasets.CIFAR10(data_dir, train=False, transform=plain, download=False)
+    except RuntimeError as exc:  # "Dataset not found or corrupted."
+        raise DataError(f"no usable CIFAR-10 in {data_dir} ({exc}); expected {data_dir}/cifar-10-batches-py, "
+                        "or add --download") from None
+    return DataSpec(train, test, 3, 32, 10)
+
+
+def _download_on_rank0(data_dir: str) -> None:
+    """Rank 0 downloads; the others wait for its verdict (a broadcast, so a failure cannot hang them)."""
+    from torchvision import datasets
+
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if distributed else 0
+    problem = ""
+    if rank == 0:
+        try:
+            os.makedirs(data_dir, exist_ok=True)
+            datasets.CIFAR10(data_dir, train=True, download=True)
+            datasets.CIFAR10(data_dir, train=False, download=True)
+        except Exception as exc:  # no network, no space: report it, do not leave the others waiting
+            problem = f"downloading CIFAR-10 into {data_dir} failed: {type(exc).__name__}: {exc}"
+    if distributed:
+        verdict = [problem]
+        dist.broadcast_object_list(verdict, src=0)
+        problem = verdict[0]
+    if problem:
+        raise DataError(problem if rank == 0 else "rank 0 could not download CIFAR-10 (see its message)")
+
+
+def load_dataset(name: str, *, data_dir: str | None = None, download: bool = False, seed: int = 0,
+                 num_samples: int = 2048, image_size: int = 32) -> DataSpec:
+    """One entry point for ``--dataset``; unknown names are a ``DataError``."""
+    if name == "digits":
+        return digits(seed)
+    if name == "cifar10":
+        return cifar10(data_dir, download)
+    if name == "fake":
+        return fake(num_samples, image_size, seed)
+    raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+def shard_indices(n: int, rank: int, world_size: int) -> list[int]:
+    """Rank ``rank``'s share of ``n`` test samples: strided, never padded (ranks may differ by one)."""
+    return list(range(rank, n, world_size))
+
+
+def make_loaders(spec: DataSpec, batch_size: int, rank: int, world_size: int, *, seed: int = 0,
+                 workers: int = 0, pin_memory: bool = False) -> tuple[DataLoader, DataLoader]:
+    """Training loader over this rank's ``DistributedSampler`` share; test loader over its unpadded shard.
+
+    Training batches are all full (``drop_last``) so every rank takes the same
+    number of steps; a batch larger than a rank's share is a ``DataError``.
+    """
+    if batch_size < 1:
+        raise DataError(f"--batch-size must be at least 1, got {batch_size}")
+    sampler = DistributedSampler(spec.train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    per_rank = sampler.num_samples
+    if batch_size > per_rank:
+        raise DataError(f"--batch-size {batch_size} leaves each of the {world_size} rank(s) without a full "
+                        f"batch: {len(spec.train)} training samples give {per_rank} per rank; "
+                        f"use --batch-size {per_rank} or less")
+    train = DataLoader(spec.train, batch_size=batch_size, sampler=sampler, drop_last=True,
+                       num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0)
+    test_part = Subset(spec.test, shard_indices(len(spec.test), rank, world_size))
+    test = DataLoader(test_part, batch_size=max(batch_size, 256), shuffle=False,
+                      num_workers=workers, pin_memory=pin_memory)
+    return train, test
