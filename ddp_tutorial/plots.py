@@ -5,3 +5,97 @@ an ``ax`` (or create a figure) and return it; they never call ``plt.show()``.
 """
 
 from __future__ import annotations
+
+
+# ---------------------------------------------------------------- 04 collectives, 05 ring
+
+
+def _grid(ax, holdings, title: str, vmin: float, vmax: float, cmap: str = "viridis",
+          width: int | None = None, changed=None, labels=None) -> None:
+    """One row per rank, one cell per element, coloured by value and labelled with it (or ``labels``)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    cm = plt.get_cmap(cmap)
+    width = width or max([len(h or []) for h in holdings] + [1])
+    span = (vmax - vmin) or 1.0
+    for r, values in enumerate(holdings):
+        for j, v in enumerate(values or []):
+            level = (float(v) - vmin) / span
+            ax.add_patch(Rectangle((j, r), 1, 1, facecolor=cm(0.15 + 0.7 * level),
+                                   edgecolor="black", linewidth=2.5 if changed and changed[r][j] else 0.5))
+            text = labels[r][j] if labels else (f"{v:g}" if isinstance(v, float) else str(v))
+            ax.text(j + 0.5, r + 0.5, text, ha="center", va="center", fontsize=9,
+                    color="white" if level < 0.55 else "black")
+        if not values:
+            ax.text(0.05, r + 0.5, "(nothing)", va="center", fontsize=8, color="gray")
+    ax.set_xlim(0, width)
+    ax.set_ylim(len(holdings), 0)
+    ax.set_yticks([r + 0.5 for r in range(len(holdings))])
+    ax.set_yticklabels([f"rank {r}" for r in range(len(holdings))])
+    ax.set_xticks([])
+    ax.set_title(title, fontsize=10)
+    for side in ("top", "right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+
+
+def plot_collective(name: str, before: list, after: list, axes=None):
+    """Two panels: what every rank holds before and after a collective (lists per rank; ``None`` = nothing)."""
+    import matplotlib.pyplot as plt
+
+    flat = [float(v) for h in before + after for v in (h or [])]
+    vmin, vmax = (min(flat), max(flat)) if flat else (0.0, 1.0)
+    width = max([len(h or []) for h in before + after] + [1])
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(2.2 + 0.7 * 2 * width, 0.5 + 0.45 * len(before)))
+    _grid(axes[0], before, f"{name}: before", vmin, vmax, width=width)
+    _grid(axes[1], after, f"{name}: after", vmin, vmax, width=width)
+    axes[1].set_yticklabels([])
+    return axes
+
+
+def plot_ring_steps(states: list, axes=None):
+    """The ring all-reduce step by step from ``ring.ring_trace``: ``states[rank][step]`` per rank.
+
+    Cells are coloured by how many ranks' values they contain (the digits that are 1),
+    and framed when they changed in that step.
+    """
+    import matplotlib.pyplot as plt
+
+    world_size, steps = len(states), len(states[0])
+    if axes is None:
+        _, axes = plt.subplots(1, steps, figsize=(2.1 * steps, 0.6 + 0.5 * world_size))
+    for t, ax in enumerate(axes):
+        held = [[int(v) for v in states[r][t]] for r in range(world_size)]
+        counts = [[str(v).count("1") for v in row] for row in held]
+        changed = None if t == 0 else [[a != b for a, b in zip(states[r][t], states[r][t - 1])]
+                                       for r in range(world_size)]
+        if t == 0:
+            title = "start"
+        elif t < world_size:
+            title = f"reduce-scatter {t}"
+        else:
+            title = f"all-gather {t - world_size + 1}"
+        labels = [[f"{v:0{world_size}d}" for v in row] for row in held]
+        _grid(ax, counts, title, 1, world_size, cmap="YlGnBu", changed=changed, labels=labels)
+        if t:
+            ax.set_yticklabels([])
+    return axes
+
+
+def plot_busbw(rows: list, ax, memcpy_gbps: float | None = None):
+    """Bus bandwidth over message size from ``bench.allreduce.sweep`` rows, one line per (impl, world_size)."""
+    for n in sorted({row["world_size"] for row in rows}):
+        mine = sorted((r for r in rows if r["world_size"] == n), key=lambda r: r["bytes"])
+        sizes = [r["bytes"] for r in mine]
+        ax.plot(sizes, [r["ring_busbw"] for r in mine], "o-", label=f"ring_all_reduce, {n} ranks")
+        ax.plot(sizes, [r["dist_busbw"] for r in mine], "s--", label=f"dist.all_reduce, {n} ranks")
+    if memcpy_gbps:
+        ax.axhline(memcpy_gbps, color="gray", linestyle=":", label="memory copy (1 thread)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("all-reduce bus bandwidth (gloo, loopback)")
+    ax.legend(fontsize=8)
+    return ax

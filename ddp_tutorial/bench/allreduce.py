@@ -1,0 +1,129 @@
+"""``bench allreduce``: bus bandwidth of ``ring_all_reduce`` against ``dist.all_reduce``, over sizes.
+
+Definitions are those of nccl-tests: for a message of ``bytes`` that takes ``time``,
+``algbw = bytes / time`` and, for all-reduce, ``busbw = algbw * 2 (n - 1) / n``
+(what each rank's link really carries, comparable across world sizes). The same
+run measures a one-thread memory copy, the ceiling a loopback transport cannot beat.
+Used by ``05_ring_all_reduce``, which plots a short sweep made with ``sweep``.
+
+    python -m ddp_tutorial.bench allreduce --plot allreduce.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+from ddp_tutorial.bench.common import Result
+from ddp_tutorial.launch import spawn
+from ddp_tutorial.ring import _ring, PIECE_BYTES
+
+HELP = "bus bandwidth of ring_all_reduce vs dist.all_reduce, 4 KB..64 MB, 2 and 4 ranks"
+KB, MB = 1 << 10, 1 << 20
+DEFAULT_SIZES = [4 * KB * 4 ** i for i in range(8)]  # 4 KB ... 64 MB
+HEADLINE = 16 * MB
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, metavar="BYTES")
+    parser.add_argument("--repeat", type=int, default=7, help="timings per point; the best is kept")
+    parser.add_argument("--piece-bytes", type=int, default=PIECE_BYTES, help="ring pipelining piece")
+
+
+def bus_factor(world_size: int) -> float:
+    """busbw / algbw for all-reduce: each rank moves 2 (n - 1) / n of the message."""
+    return 2 * (world_size - 1) / world_size
+
+
+def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
+                   piece_bytes: int = PIECE_BYTES) -> list[dict]:
+    """Best seconds per all-reduce of float32 messages, ring vs ``dist.all_reduce`` (slowest rank counts)."""
+    torch.manual_seed(rank)
+    rows = []
+    for size in sizes:
+        x = torch.randn(size // 4)
+        # Small messages: average over several calls, or the timer's resolution dominates.
+        calls = max(1, min(100, (4 * MB) // size))
+        impls = {"ring": lambda: _ring(x, dist.ReduceOp.SUM, None, piece_bytes),
+                 "dist": lambda: dist.all_reduce(x)}
+        best = {name: float("inf") for name in impls}
+        for name, fn in impls.items():  # warm-up: connections, allocator
+            fn()
+        for i in range(repeat):
+            order = list(impls) if i % 2 == 0 else list(reversed(impls))  # alternate: fair under load
+            for name in order:
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    impls[name]()
+                elapsed = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                best[name] = min(best[name], elapsed.item())
+        rows.append({"bytes": size, "ring_s": best["ring"], "dist_s": best["dist"]})
+    return rows
+
+
+def memcpy_bandwidth(nbytes: int = 64 * MB, repeat: int = 7) -> float:
+    """Bytes per second of one-thread ``copy_`` between two buffers (best of ``repeat``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+        dst.copy_(src)
+        best = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return nbytes / best
+
+
+def sweep(world_size: int, sizes: list[int], repeat: int = 5, piece_bytes: int = PIECE_BYTES,
+          backend: str = "gloo") -> list[dict]:
+    """One row per size with seconds, algbw and busbw (GB/s) of both implementations."""
+    rows = spawn(measure_worker, world_size, args=(sizes, repeat, piece_bytes), backend=backend,
+                 timeout=600, quiet=True)[0]
+    for row in rows:
+        row["world_size"] = world_size
+        for impl in ("ring", "dist"):
+            algbw = row["bytes"] / row[f"{impl}_s"] / 1e9
+            row[f"{impl}_busbw"] = algbw * bus_factor(world_size)
+        row["ring/dist"] = row["ring_busbw"] / row["dist_busbw"]
+    return rows
+
+
+def _size_label(nbytes: int) -> str:
+    return f"{nbytes // MB} MB" if nbytes >= MB else f"{nbytes // KB} KB"
+
+
+def run(args: argparse.Namespace) -> Result:
+    copy_gbps = memcpy_bandwidth() / 1e9
+    rows, ratios = [], {}
+    for n in args.world_sizes:
+        for row in sweep(n, args.sizes, args.repeat, args.piece_bytes):
+            row["size"] = _size_label(row["bytes"])
+            rows.append(row)
+            if row["bytes"] == HEADLINE:
+                ratios[f"ring/dist busbw at 16 MB, {n} ranks"] = row["ring/dist"]
+                ratios[f"memcpy / dist busbw at 16 MB, {n} ranks"] = copy_gbps / row["dist_busbw"]
+    return Result(
+        name=f"allreduce: float32 SUM on gloo, busbw in GB/s (best of {args.repeat})",
+        columns=["world_size", "size", "ring_s", "dist_s", "ring_busbw", "dist_busbw", "ring/dist"],
+        rows=rows, ratios=ratios,
+        notes=[f"memcpy (1 thread, 64 MB): {copy_gbps:.3g} GB/s",
+               "busbw = bytes / time * 2(n-1)/n; target: ring/dist >= 0.8 at 16 MB on 2 and 4 ranks"],
+    )
+
+
+def plot(result: Result, ax) -> None:
+    from ddp_tutorial.plots import plot_busbw
+
+    copy = [float(note.split(": ")[1].split()[0]) for note in result.notes if note.startswith("memcpy")]
+    plot_busbw(result.rows, ax, memcpy_gbps=copy[0] if copy else None)
+
