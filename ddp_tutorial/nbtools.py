@@ -9,15 +9,17 @@ from typing import Any
 def show_source(*objects: Any) -> None:
     """Print the source of functions, classes or modules, so the notebook shows exactly what runs.
 
-    In Jupyter this is syntax-highlighted; nbval compares the plain text.
+    In Jupyter it is shown as a highlighted Markdown code block: unlike
+    ``IPython.display.Code`` its stored output does not depend on the Pygments
+    version, so nbval compares it reliably.
     """
     text = "\n\n".join(inspect.getsource(obj).rstrip() for obj in objects)
     try:
         from IPython import get_ipython
-        from IPython.display import Code, display
+        from IPython.display import Markdown, display
 
         if get_ipython() is not None:
-            display(Code(text, language="python"))
+            display(Markdown(f"```python\n{text}\n```"))
             return
     except ImportError:
         pass

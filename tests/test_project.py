@@ -1,0 +1,62 @@
+"""The project's set-up files agree with each other."""
+
+from __future__ import annotations
+
+import re
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# conda-forge names that differ from PyPI's
+CONDA_TO_PIP = {"pytorch-cpu": "torch", "pytorch-gpu": "torch", "pytorch": "torch"}
+REQ = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$")
+
+
+def _split(requirement: str) -> tuple[str, str]:
+    name, spec = REQ.match(requirement).groups()
+    return name.lower().replace("_", "-"), spec.replace(" ", "")
+
+
+def pyproject_requirements() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    reqs = project["dependencies"] + [r for key, rs in extras.items() if key != "dev" for r in rs]
+    return dict(_split(r) for r in reqs)
+
+
+def conda_requirements() -> dict[str, str]:
+    reqs = {}
+    in_deps = False
+    for line in (ROOT / "environment.yml").read_text().splitlines():
+        if line.startswith("dependencies:"):
+            in_deps = True
+            continue
+        match = re.match(r"^  - ([^\s:#]+)\s*$", line) if in_deps else None
+        if match:
+            name, spec = _split(match.group(1))
+            if name not in ("python", "pip"):
+                reqs[CONDA_TO_PIP.get(name, name)] = spec
+    return reqs
+
+
+def test_environment_yml_and_pyproject_list_the_same_dependencies():
+    pip_reqs, conda_reqs = pyproject_requirements(), conda_requirements()
+    assert len(pip_reqs) >= 10  # the parsers found the lists
+    assert conda_reqs == pip_reqs
+
+
+def test_no_exact_pins():
+    for name, spec in pyproject_requirements().items():
+        assert "==" not in spec, f"{name} is pinned exactly: use a range"
+
+
+def test_environment_yml_installs_the_package_itself():
+    assert "- -e ." in (ROOT / "environment.yml").read_text()
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    assert "make test" in (ROOT / "README.md").read_text()
