@@ -99,3 +99,53 @@ def plot_busbw(rows: list, ax, memcpy_gbps: float | None = None):
     ax.set_title("all-reduce bus bandwidth (gloo, loopback)")
     ax.legend(fontsize=8)
     return ax
+
+
+# ---------------------------------------------------------------- 02 process groups, 03 point-to-point
+
+
+def plot_subgroups(results: list, ax=None):
+    """``process_groups.subgroup_sums`` results: ranks coloured by group, each with its group's sum."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.6 + 1.3 * len(results), 2.2))
+    colours = {}
+    for r in results:
+        colour = colours.setdefault(tuple(r["members"]), f"C{len(colours)}")
+        members = r["members"]
+        if r["rank"] == members[0] and len(members) > 1:  # one bracket per group, under its ranks
+            level = -0.45 - 0.2 * (len(colours) - 1)
+            ax.plot(members, [level] * len(members), "o-", color=colour, alpha=0.6)
+        ax.scatter([r["rank"]], [0], s=1400, color=colour, alpha=0.85)
+        ax.text(r["rank"], 0, f"rank {r['rank']}\n{r['group']} #{r['group_rank']}",
+                ha="center", va="center", fontsize=8, color="white")
+        ax.text(r["rank"], 0.45, f"group sum {r['group_sum']:g}", ha="center", fontsize=8)
+    ax.set_xlim(-0.7, len(results) - 0.3)
+    ax.set_ylim(-0.45 - 0.2 * len(colours) - 0.15, 0.75)
+    ax.axis("off")
+    ax.set_title(f"new_group: {len(colours)} sub-groups, all_reduce inside each", fontsize=10)
+    return ax
+
+
+def plot_token_ring(results: list, ax=None):
+    """Space-time diagram of ``p2p.pass_token``: a line per rank, an arrow per message, labelled by the token."""
+    import matplotlib.pyplot as plt
+
+    world_size = len(results)
+    sends = sorted((hop, r["rank"], dst, value) for r in results for hop, dst, value in r["sends"])
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.2 + 0.8 * len(sends), 0.8 + 0.6 * world_size))
+    for rank in range(world_size):
+        ax.plot([0, len(sends)], [rank, rank], color="lightgray", zorder=0)
+    for hop, src, dst, value in sends:
+        ax.annotate("", xy=(hop, dst), xytext=(hop - 1, src),
+                    arrowprops=dict(arrowstyle="->", color=f"C{src}", lw=1.5))
+        ax.text(hop - 0.5, (src + dst) / 2, f"{value:g}", ha="center", va="center", fontsize=8,
+                bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none"))
+    ax.set_yticks(range(world_size))
+    ax.set_yticklabels([f"rank {r}" for r in range(world_size)])
+    ax.set_ylim(world_size - 0.5, -0.5)
+    ax.set_xlabel("message number (send on the left, recv on the right)")
+    ax.set_title("pass_token: each rank recv()s from its left, adds 1, send()s to its right", fontsize=10)
+    return ax
