@@ -248,7 +248,7 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
                     recv, send = ctx.Pipe(duplex=False)
                     rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank),
                                     LOCAL_WORLD_SIZE=str(world_size))
-                    p = ctx.Process(target=_child, name=f"rank{rank}", daemon=True,
+                    p = ctx.Process(target=_child, name=f"rank{rank}",
                                     args=(fn, rank, world_size, tuple(args), backend, init_process_group,
                                           rank_env, out_paths[rank], send, threads, timeout))
                     p.start()

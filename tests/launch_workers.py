@@ -62,3 +62,18 @@ def unpicklable(rank: int, world_size: int):
 def _note_pid(pid_dir: str, rank: int) -> None:
     with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as f:
         f.write(str(os.getpid()))
+
+
+def leave_grandchild(rank: int, world_size: int) -> int:
+    """Start a process that would outlive us (like a DataLoader worker) and return its pid."""
+    import subprocess
+
+    return subprocess.Popen(["sleep", "3600"]).pid
+
+
+def loader_in_worker(rank: int, world_size: int) -> float:
+    """A DataLoader with worker processes inside a rank: the rank may have children."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(8, dtype=torch.float32))
+    return sum(batch[0].sum().item() for batch in DataLoader(data, batch_size=4, num_workers=1))

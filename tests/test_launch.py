@@ -79,6 +79,15 @@ def test_unpicklable_result_is_reported():
         spawn(w.unpicklable, 2, timeout=30)
 
 
+def test_processes_started_by_a_rank_are_stopped_too():
+    grandchildren = spawn(w.leave_grandchild, 2, timeout=30)
+    assert_all_gone(grandchildren)
+
+
+def test_a_rank_may_use_dataloader_worker_processes():
+    assert spawn(w.loader_in_worker, 2, timeout=60) == [28.0, 28.0]
+
+
 def test_output_is_relayed_in_rank_order(capsys):
     spawn(w.chatty, 3, timeout=30)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rank")]
