@@ -1,0 +1,271 @@
+"""DistributedDataParallel, one process per device, started by spawn (``06_ddp_spawn``).
+
+Every worker here has the rank-first signature ``worker(rank, world_size, ...)``
+so the notebook starts it with ``ddp_tutorial.launch.spawn`` (the process group
+is ready when it runs). From a shell, the classic ``torch.multiprocessing.spawn``
+recipe in ``main()`` starts the toy example, or torchrun does:
+
+    python -m ddp_tutorial.ddp_spawn                     # mp.spawn, 2 processes
+    python -m ddp_tutorial.ddp_spawn --world-size 3
+    torchrun --nproc-per-node=2 -m ddp_tutorial.ddp_spawn
+
+On GPUs each rank uses ``cuda:local_rank`` with NCCL; on CPU, gloo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from ddp_tutorial.env import choose_backend, choose_device, distributed, launched_by_torchrun, set_device_for
+from ddp_tutorial.launch import LOCALHOST, free_port
+from ddp_tutorial.models import ToyModel
+
+
+def _device() -> torch.device:
+    """This rank's device, from the group's backend (spawn and torchrun set LOCAL_RANK)."""
+    return choose_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())), dist.get_backend())
+
+
+def wrap(model: nn.Module, device: torch.device) -> DDP:
+    """Move ``model`` to this rank's device and wrap it; DDP broadcasts rank 0's weights here."""
+    model = model.to(device)
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def checksum(module: nn.Module) -> float:
+    """One number per model: equal on every rank exactly when the weights are (for our purposes)."""
+    return sum(p.detach().double().sum().item() for p in module.parameters())
+
+
+def toy_example(rank: int, world_size: int, num_steps: int = 5, lr: float = 0.01) -> dict:
+    """The basic DDP loop: ToyModel, random data that differs per rank, MSE loss, SGD."""
+    device = _device()
+    torch.manual_seed(0)  # every rank builds the same initial weights
+    model = wrap(ToyModel(), device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    data = torch.Generator().manual_seed(1000 + rank)  # ...but sees its own data
+    losses = []
+    for _ in range(num_steps):
+        x = torch.randn(20, 10, generator=data).to(device)
+        y = torch.randn(20, 5, generator=data).to(device)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()  # gradients are averaged over the ranks during backward
+        optimizer.step()
+        losses.append(loss.item())
+    print(f"rank {rank}: local loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    return {"losses": losses, "checksum": checksum(model)}
+
+
+def initial_weights(rank: int, world_size: int, seed_per_rank: bool = True) -> dict:
+    """Weights before and after ``DDP(...)``: a seed per rank (a bug) makes them differ, DDP fixes it."""
+    torch.manual_seed(rank if seed_per_rank else 0)
+    model = ToyModel().to(_device())
+    before = checksum(model)
+    ddp = wrap(model, _device())
+    return {"before": before, "after": checksum(ddp.module)}
+
+
+def sampler_orders(rank: int, world_size: int, dataset_len: int, num_epochs: int,
+                   set_epoch: bool = True, seed: int = 0) -> list[list[int]]:
+    """The sample indices ``rank`` draws in each epoch. Needs no process group (rank and world_size are given)."""
+    sampler = DistributedSampler(range(dataset_len), num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    orders = []
+    for epoch in range(num_epochs):
+        if set_epoch:
+            sampler.set_epoch(epoch)  # the shuffle is seeded with seed + epoch
+        orders.append(list(sampler))
+    return orders
+
+
+def regression_data(num_samples: int = 64, seed: int = 0, dtype: torch.dtype = torch.float32) -> TensorDataset:
+    """A fixed synthetic regression set for ToyModel: y = x @ W + noise."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_samples, 10, generator=g, dtype=torch.float64)
+    y = x @ torch.randn(10, 5, generator=g, dtype=torch.float64) + 0.1 * torch.randn(num_samples, 5, generator=g,
+                                                                                     dtype=torch.float64)
+    return TensorDataset(x.to(dtype), y.to(dtype))
+
+
+def _train(model: nn.Module, loader: DataLoader, num_epochs: int, lr: float, device: torch.device) -> list[float]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for epoch in range(num_epochs):
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x.to(device)), y.to(device))
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+def train_ddp(rank: int, world_size: int, dataset: TensorDataset, batch_size: int, num_epochs: int,
+              lr: float, seed: int = 0) -> dict:
+    """DDP training with a per-process ``batch_size``: the global batch is ``batch_size * world_size``."""
+    device = _device()
+    torch.manual_seed(seed)
+    model = wrap(ToyModel().to(dataset.tensors[0].dtype), device)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+    losses = _train(model, DataLoader(dataset, batch_size=batch_size, sampler=sampler), num_epochs, lr, device)
+    return {"losses": losses, "state": {k: v.cpu() for k, v in model.module.state_dict().items()}}
+
+
+def train_single(dataset: TensorDataset, batch_size: int, num_epochs: int, lr: float, seed: int = 0) -> dict:
+    """The same training in one process: the reference DDP must match on the same global batch."""
+    torch.manual_seed(seed)
+    model = ToyModel().to(dataset.tensors[0].dtype)
+    # A one-replica sampler shuffles exactly like DistributedSampler does on N ranks
+    # (same seed + epoch); rank r takes every N-th index of that permutation.
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
+    losses = _train(model, DataLoader(dataset, batch_size=batch_size, sampler=sampler), num_epochs, lr,
+                    torch.device("cpu"))
+    return {"losses": losses, "state": model.state_dict()}
+
+
+# ----------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(state: dict, path: str) -> None:
+    """Write ``state`` atomically: a reader never sees half a file (temp file + ``os.replace``)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_ckpt_")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def _train_a_little(device: torch.device, num_steps: int) -> DDP:
+    torch.manual_seed(0)
+    model = wrap(ToyModel(), device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(num_steps):
+        optimizer.zero_grad()
+        model(torch.randn(8, 10, generator=g).to(device)).pow(2).mean().backward()
+        optimizer.step()
+    return model
+
+
+def checkpoint_round_trip(rank: int, world_size: int, path: str, num_steps: int = 3) -> dict:
+    """Train, save on rank 0 only, ``barrier``, then every rank loads onto its own device."""
+    device = _device()
+    model = _train_a_little(device, num_steps)
+    if rank == 0:  # one writer: N ranks writing the same file would race
+        save_checkpoint({"model": model.module.state_dict(), "step": num_steps}, path)
+    dist.barrier()  # nobody reads before rank 0 has finished writing
+    # map_location: tensors saved from cuda:0 would otherwise all land on rank 0's GPU
+    state = torch.load(path, map_location=device, weights_only=True)
+    torch.manual_seed(100 + rank)  # a fresh model whose weights differ everywhere
+    fresh = ToyModel().to(device)
+    fresh.load_state_dict(state["model"])
+    dist.barrier()  # keep the file until every rank has read it (the caller may delete it)
+    return {"trained": checksum(model.module), "loaded": checksum(fresh), "step": state["step"],
+            "loaded onto": str(next(iter(state["model"].values())).device)}
+
+
+# ----------------------------------------------------------------- accumulation, uneven inputs
+
+
+def _counting_allreduce(state, bucket):  # no annotations: DDP checks them and our future-import makes strings
+    state["all_reduces"] += 1  # otherwise exactly DDP's default: all-reduce, divide by world_size
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def accumulate(rank: int, world_size: int, micro_batches: int = 4, use_no_sync: bool = True) -> dict:
+    """Gradient accumulation over ``micro_batches``; with ``no_sync`` only the last backward communicates."""
+    device = _device()
+    torch.manual_seed(0)
+    model = wrap(ToyModel(), device)
+    counter = {"all_reduces": 0}
+    model.register_comm_hook(counter, _counting_allreduce)
+    g = torch.Generator().manual_seed(rank)
+    batches = [torch.randn(4, 10, generator=g).to(device) for _ in range(micro_batches)]
+    for i, x in enumerate(batches):
+        last = i == micro_batches - 1
+        context = model.no_sync() if use_no_sync and not last else contextlib.nullcontext()
+        with context:  # inside no_sync, gradients just add up locally in param.grad
+            (model(x).pow(2).mean() / micro_batches).backward()
+    grads = [p.grad.cpu() for p in model.parameters()]
+    return {"all_reduces": counter["all_reduces"], "grads": grads}
+
+
+def uneven_inputs(rank: int, world_size: int, use_join: bool = True, num_batches: int = 3,
+                  collective_timeout: float = 60.0) -> dict:
+    """Rank r has ``num_batches + r`` batches. Spawn with ``init_process_group=False``.
+
+    Without ``Join`` the ranks that run out of data move on (here: to the
+    end-of-epoch ``barrier``) while the others wait in an all-reduce that never
+    completes: a hang, until ``collective_timeout`` seconds pass and the
+    collective raises. ``Join`` lets finished ranks shadow the missing
+    all-reduces until everyone is done.
+    """
+    with distributed(timeout=collective_timeout) as (_info, device):
+        torch.manual_seed(0)
+        model = wrap(ToyModel(), device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        steps = 0
+        with Join([model]) if use_join else contextlib.nullcontext():
+            for _ in range(num_batches + rank):
+                optimizer.zero_grad()
+                model(torch.randn(4, 10, generator=g).to(device)).pow(2).mean().backward()
+                optimizer.step()
+                steps += 1
+        print(f"rank {rank} finished its {steps} batches")
+        dist.barrier()
+        return {"steps": steps, "checksum": checksum(model.module)}
+
+
+# ----------------------------------------------------------------- the classic mp.spawn recipe
+
+
+def _mp_worker(local_rank: int, world_size: int, port: int, num_steps: int) -> None:
+    """What ``mp.spawn`` runs as ``fn(i, *args)``: the set-up ``launch.spawn`` does for us, written out."""
+    os.environ.update(MASTER_ADDR=LOCALHOST, MASTER_PORT=str(port), LOCAL_RANK=str(local_rank))
+    backend = choose_backend(local_world_size=world_size)
+    set_device_for(local_rank, backend)
+    dist.init_process_group(backend, rank=local_rank, world_size=world_size)
+    try:
+        result = toy_example(local_rank, world_size, num_steps)
+        if local_rank == 0:
+            print(f"{world_size} ranks, {backend}: final weights checksum {result['checksum']:.6f}")
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="DDP ToyModel example, started by mp.spawn or torchrun")
+    parser.add_argument("--world-size", type=int, default=2, help="processes for mp.spawn (ignored under torchrun)")
+    parser.add_argument("--num-steps", type=int, default=5)
+    args = parser.parse_args()
+    if launched_by_torchrun():
+        with distributed() as (info, _device_):
+            result = toy_example(info.rank, info.world_size, args.num_steps)
+            if info.is_main:
+                print(f"{info.world_size} ranks, {dist.get_backend()}: final weights checksum {result['checksum']:.6f}")
+        return
+    # The port is picked just before the children bind it; launch.spawn avoids even that small race.
+    mp.spawn(_mp_worker, args=(args.world_size, free_port(), args.num_steps), nprocs=args.world_size, join=True)
+
+
+if __name__ == "__main__":
+    main()
