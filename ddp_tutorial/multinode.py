@@ -1,0 +1,153 @@
+"""What a launcher tells each process, and several nodes simulated on one machine (``08_torchrun``).
+
+Every rank reports the variables torchrun set for it; rank 0 gathers the
+reports and prints one JSON line per rank (prefix ``WHOAMI``), so the output
+is in rank order however the processes interleave. From a shell:
+
+    torchrun --nproc-per-node=2 -m ddp_tutorial.multinode
+    python -m torch.distributed.launch --nproc-per-node=2 --master-port=29501 -m ddp_tutorial.multinode
+    python -m ddp_tutorial.multinode                       # one process, a world of one
+
+    # two nodes: run on each machine, NODE=0 on the one at MASTER_ADDR, NODE=1 on the other
+    torchrun --nnodes=2 --node-rank=$NODE --nproc-per-node=2 \\
+        --master-addr=$MASTER_ADDR --master-port=29500 -m ddp_tutorial.multinode
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping, Sequence
+
+import torch.distributed as dist
+
+from ddp_tutorial.env import distributed
+from ddp_tutorial.launch import LOCALHOST, TorchrunResult, free_port, torchrun, torchrun_command
+
+__all__ = ["LAUNCHER_VARS", "launcher_env", "resolve_local_rank", "report_ranks", "parse_reports",
+           "legacy_launch", "simulate_nodes", "run_and_stop", "main"]
+
+MARK = "WHOAMI "
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+
+
+def launcher_env(environ: Mapping[str, str] | None = None) -> dict:
+    """The launcher's variables as this process sees them (absent ones are None)."""
+    env = os.environ if environ is None else environ
+    return {key: env.get(key) for key in LAUNCHER_VARS}
+
+
+def resolve_local_rank(arg: int | None, environ: Mapping[str, str] | None = None) -> int:
+    """``LOCAL_RANK`` from the environment (torchrun), else the legacy ``--local-rank`` argument, else 0.
+
+    ``python -m torch.distributed.launch`` passes ``--local-rank=N`` (``--local_rank=N``
+    before PyTorch 2.0) to the script unless given ``--use-env``; torchrun only sets
+    ``LOCAL_RANK``. A script that reads both runs under either launcher.
+    """
+    env = os.environ if environ is None else environ
+    if "LOCAL_RANK" in env:
+        return int(env["LOCAL_RANK"])
+    return 0 if arg is None else arg
+
+
+def report_ranks(rank: int, world_size: int, local_rank_arg: int | None = None) -> list[dict] | None:
+    """Gather every rank's ``launcher_env`` on rank 0 and print it there; return the list on rank 0."""
+    report = dict(launcher_env(), local_rank_arg=local_rank_arg,
+                  local_rank_used=resolve_local_rank(local_rank_arg), rank_from_group=dist.get_rank())
+    reports = [None] * world_size if rank == 0 else None
+    dist.gather_object(report, reports, dst=0)
+    if rank == 0:
+        for r in reports:
+            print(MARK + json.dumps(r), flush=True)
+    return reports
+
+
+def parse_reports(output: str) -> list[dict]:
+    """The per-rank reports printed by ``main`` inside a launcher's (noisy) output, by rank."""
+    found = [json.loads(line.split(MARK, 1)[1]) for line in output.splitlines() if MARK in line]
+    return sorted(found, key=lambda r: r["rank_from_group"])
+
+
+def legacy_launch(module: str, nproc_per_node: int = 2, args: Sequence[str] = (),
+                  timeout: float = 120.0) -> TorchrunResult:
+    """Run ``module`` under the deprecated ``python -m torch.distributed.launch`` on a free port."""
+    cmd = [sys.executable, "-m", "torch.distributed.launch", f"--nproc-per-node={nproc_per_node}",
+           f"--master-addr={LOCALHOST}", f"--master-port={free_port()}", "-m", module, *map(str, args)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          timeout=timeout)
+    return TorchrunResult(done.returncode, done.stdout)
+
+
+def simulate_nodes(nnodes: int = 2, nproc_per_node: int = 2, rendezvous: str = "static",
+                   module: str = "ddp_tutorial.multinode", timeout: float = 120.0) -> list[TorchrunResult]:
+    """Start ``nnodes`` torchrun agents on 127.0.0.1 at once, as if each were another machine.
+
+    ``static``: node ranks given (``--node-rank``), node 0 hosts the store at
+    ``--master-addr:--master-port``. ``c10d``: the agents meet at ``--rdzv-endpoint``
+    and are handed node ranks in the order they arrive.
+    """
+    port = free_port()
+
+    def node(node_rank: int) -> TorchrunResult:
+        if rendezvous == "static":
+            opts = dict(nnodes=nnodes, node_rank=node_rank, master_addr=LOCALHOST, master_port=port)
+        elif rendezvous == "c10d":
+            opts = dict(nnodes=nnodes, rdzv_backend="c10d", rdzv_endpoint=f"{LOCALHOST}:{port}",
+                        rdzv_id="tutorial")
+        else:
+            raise ValueError(f"rendezvous must be 'static' or 'c10d', got {rendezvous!r}")
+        return torchrun(module, nproc_per_node, timeout=timeout, **opts)
+
+    with ThreadPoolExecutor(nnodes) as pool:
+        return list(pool.map(node, range(nnodes)))
+
+
+def run_and_stop(module: str, args: Sequence[str], stop_when: str, nproc_per_node: int = 2,
+                 sig: int = signal.SIGTERM, timeout: float = 120.0) -> TorchrunResult:
+    """Run torchrun, and send ``sig`` to the torchrun agent once a line contains ``stop_when``.
+
+    Shows what Ctrl-C (SIGINT) or a scheduler's SIGTERM does to a job: the agent
+    forwards the signal to every worker, waits for them, and exits non-zero.
+    """
+    cmd = torchrun_command(module, nproc_per_node, args)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    lines, deadline, sent = [], time.monotonic() + timeout, False
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if not sent and stop_when in line:
+                proc.send_signal(sig)  # the agent only: it is torchrun's job to stop the workers
+                sent = True
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"torchrun still running after {timeout:g} s")
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return TorchrunResult(proc.returncode, "".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.multinode", description=__doc__.split("\n\n")[0])
+    # The legacy launcher appends --local-rank=N (or --local_rank=N); accept both spellings.
+    parser.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=None)
+    args = parser.parse_args(argv)
+    with distributed() as (info, _device):
+        report_ranks(info.rank, info.world_size, args.local_rank)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
