@@ -1,0 +1,300 @@
+"""Pitfalls of distributed training, each reproduced for real and bounded by a timeout.
+
+Used by ``11_debugging_and_pitfalls``. Every worker here is a small program with
+one classic mistake, plus a switch that applies the fix; ``outcome()`` runs one
+through ``launch.spawn`` and describes what happened in one stable line (an
+error, a hang stopped by the timeout, or the results). Files and processes:
+``ddp_tutorial.strays``. From a shell:
+
+    python -m ddp_tutorial.pitfalls                  # every demo, symptom then fix
+    python -m ddp_tutorial.pitfalls checklist        # the checklist for hangs
+    torchrun --nproc-per-node=2 -m ddp_tutorial.pitfalls local-rank
+    torchrun --nproc-per-node=2 -m ddp_tutorial.pitfalls local-rank --local_rank=0
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ddp_tutorial.env import choose_backend, choose_device, distributed
+from ddp_tutorial.launch import LOCALHOST, WorkerError, WorkerTimeout, spawn
+
+__all__ = ["Outcome", "outcome", "extra_collective", "skips_barrier", "joins", "uneven_inputs",
+           "epoch_orders", "store_on_busy_port", "store_on_port_zero", "local_rank_as_launched",
+           "HANG_CHECKLIST", "main"]
+
+
+# ------------------------------------------------------------ running a demo
+
+
+@dataclass
+class Outcome:
+    """What a demo did: ``kind`` is ``"ok"``, ``"error"`` or ``"hang"``."""
+
+    kind: str
+    message: str
+    results: list | None = None
+    ranks: tuple = ()
+    seconds: float = 0.0
+    log: str = ""
+
+    def __str__(self) -> str:
+        if self.kind == "ok":
+            return f"ok: {self.results}"
+        if self.kind == "hang":
+            return f"hang: ranks {list(self.ranks)} still waiting when the timeout ran out (all stopped)"
+        return f"error on rank {self.ranks[0]}: {self.message}"
+
+    def log_lines(self, pattern: str) -> list[str]:
+        """Lines of the relayed output matching ``pattern``, without timestamps and source paths."""
+        return [_clean(line) for line in self.log.splitlines() if re.search(pattern, line)]
+
+
+def _clean(text: str) -> str:
+    """Drop what changes between runs and versions: log prefixes, source paths, ports, tensor options."""
+    text = re.sub(r"\[rank\d+\]:\[[A-Z]\d{4} [\d:.]+ [^\]]+\] ", "", text)
+    text = re.sub(r"\[(enforce fail at )?/[^\]]*\] ", "", text)
+    text = re.sub(r"\[?127\.0\.0\.1\]?:\d+", "127.0.0.1:PORT", text)
+    text = re.sub(r", TensorDeviceTypes=TensorOptions\((?:[^()]|\([^()]*\))*\)", "", text)
+    text = re.sub(r" \(ranks \[[\d, ]+\] failed too[^)]*\)", "", text)  # timing decides if they do
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def outcome(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (), *,
+            timeout: float = 10.0, init_process_group: bool = False) -> Outcome:
+    """Run ``fn`` on ``world_size`` ranks with ``launch.spawn``; never raises, never outlives ``timeout``."""
+    buffer = io.StringIO()
+    start = time.monotonic()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            results = spawn(fn, world_size, args, timeout=timeout,
+                            init_process_group=init_process_group)
+        found = Outcome("ok", "", results)
+    except WorkerTimeout as exc:
+        found = Outcome("hang", str(exc), ranks=tuple(exc.ranks))
+    except WorkerError as exc:
+        found = Outcome("error", _clean(str(exc).split("\n")[0].split(": ", 1)[-1]), ranks=(exc.rank,))
+    found.seconds = time.monotonic() - start
+    found.log = buffer.getvalue()
+    return found
+
+
+def _join(timeout: float, world_size: int | None = None) -> None:
+    """``init_process_group`` from the launcher's environment, with a short timeout so hangs surface."""
+    backend = choose_backend(local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout),
+                            world_size=-1 if world_size is None else world_size,
+                            rank=int(os.environ["RANK"]))
+
+
+# ------------------------------------------------------ mismatched collectives
+
+
+def extra_collective(rank: int, world_size: int, debug: str | None = None) -> float:
+    """Bug: only rank 0 all-reduces a metric, so its next collective meets a different one.
+
+    ``debug="DETAIL"`` (``TORCH_DISTRIBUTED_DEBUG``) checks every collective's
+    kind and shapes on all ranks first, and names the mismatch.
+    """
+    if debug:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = debug
+        dist.set_debug_level_from_env()  # torch read the variable at import; read it again
+    with distributed(timeout=10.0) as (_, device):
+        grads = torch.ones(10, device=device)
+        if rank == 0:  # the bug: a collective inside "if rank == 0"
+            loss = torch.tensor([0.5], device=device)
+            dist.all_reduce(loss)
+        dist.all_reduce(grads)
+        return grads.sum().item()
+
+
+def skips_barrier(rank: int, world_size: int, stuck_rank: int | None = 1, wait: float = 2.0) -> str:
+    """One rank is stuck elsewhere (``stuck_rank``); ``monitored_barrier`` names it after ``wait`` s."""
+    with distributed(timeout=30.0):
+        # monitored_barrier exists on gloo only; on GPUs run it on a gloo side group
+        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        if rank == stuck_rank:
+            time.sleep(60)  # stands for a rank blocked in data loading, I/O or a deadlock
+        dist.monitored_barrier(group, timeout=timedelta(seconds=wait))
+        return "passed"
+
+
+# ------------------------------------------------------- ranks that never meet
+
+
+def joins(rank: int, world_size: int, claimed_world_size: int | None = None,
+          init_timeout: float = 3.0) -> int:
+    """Bug: a world size typed in the code (``claimed_world_size``) instead of read from the launcher.
+
+    Every rank waits in ``init_process_group`` for ranks that will never start,
+    until ``init_timeout``. Fix: ``claimed_world_size=None`` reads ``WORLD_SIZE``.
+    """
+    _join(init_timeout, claimed_world_size)
+    try:
+        return dist.get_world_size()
+    finally:
+        dist.destroy_process_group()
+
+
+def uneven_inputs(rank: int, world_size: int, use_join: bool = False,
+                  wait: float = 3.0) -> tuple[int, str]:
+    """Rank r has 3 + r batches. Without ``Join`` the rank with more batches waits forever.
+
+    Every collective gives up after ``wait`` seconds, so the hang shows as
+    "where each rank was waiting". Returns (batches done, the weights' sum or
+    where it hung): with ``Join`` the weights agree on every rank, because ranks
+    that ran out of data shadow the others' all-reduces.
+    """
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ddp_tutorial.models import ToyModel
+
+    import torch._dynamo  # noqa: F401  (DDP imports it on first use: seconds, so before the clock)
+
+    with distributed() as (_, device):
+        dist.barrier()
+        # A group whose collectives give up after `wait` s: the hang becomes visible.
+        group = dist.new_group(timeout=timedelta(seconds=wait))
+        torch.manual_seed(0)
+        model = DDP(ToyModel().to(device), process_group=group,
+                    device_ids=[device.index] if device.type == "cuda" else None)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = [torch.full((4, 10), float(i + rank), device=device) for i in range(3 + rank)]
+        done, where = 0, ""
+        try:
+            with Join([model]) if use_join else contextlib.nullcontext():
+                for done, batch in enumerate(batches, 1):
+                    where = f"the gradient all-reduce of batch {done}"
+                    optimizer.zero_grad()
+                    model(batch).square().mean().backward()
+                    optimizer.step()
+            where = f"the barrier after its {done} batches"
+            dist.barrier(group)  # e.g. "wait before rank 0 saves": the others never get here
+        except RuntimeError:
+            return done - 1 if where.startswith("the gradient") else done, f"stuck in {where}"
+        return done, f"weights sum {sum(p.sum().item() for p in model.parameters()):.4f}"
+
+
+# ---------------------------------------------------------- data and launcher
+
+
+def epoch_orders(rank: int, world_size: int, num_epochs: int = 3, set_epoch: bool = True,
+                 dataset_size: int = 8) -> list[list[int]]:
+    """The sample indices this rank gets in each epoch from a shuffling ``DistributedSampler``."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(dataset_size), num_replicas=world_size, rank=rank,
+                                 shuffle=True, seed=0)
+    orders = []
+    for epoch in range(num_epochs):
+        if set_epoch:
+            sampler.set_epoch(epoch)  # the shuffle is seeded with seed + epoch
+        orders.append(list(sampler))
+    return orders
+
+
+def store_on_busy_port() -> str:
+    """Start a rendezvous store on a port another process is listening on; return the error."""
+    with socket.socket() as squatter:  # stands for the store of a previous run that never ended
+        squatter.bind((LOCALHOST, 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        try:
+            dist.TCPStore(LOCALHOST, port, 1, is_master=True, timeout=timedelta(seconds=3))
+        except RuntimeError as exc:
+            found = re.search(r"name: (\w+), message: ([^\n]+)", str(exc))
+            return f"{type(exc).__name__}: " + (f"{found[1]} ({found[2]})" if found else _clean(str(exc)))
+    return "no error"
+
+
+def store_on_port_zero() -> bool:
+    """Port 0 asks the kernel for a free port: what ``launch.spawn`` and ``torchrun --standalone`` do."""
+    store = dist.TCPStore(LOCALHOST, 0, 1, is_master=True, timeout=timedelta(seconds=3))
+    return store.port > 0
+
+
+def local_rank_as_launched(rank: int, world_size: int, argv: Sequence[str]) -> None:
+    """Run this module's ``main(argv)`` in a rank, the way torchrun runs a script in each process."""
+    main(list(argv))
+
+
+def _local_rank_report(args: argparse.Namespace) -> None:
+    info = f"rank {os.environ.get('RANK', '0')}: --local_rank gives {args.local_rank}, " \
+           f"LOCAL_RANK gives {os.environ.get('LOCAL_RANK', 'unset')}"
+    backend = choose_backend(local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    device = choose_device(int(os.environ.get("LOCAL_RANK", 0)), backend)
+    print(f"{info} -> device {device}")
+
+
+HANG_CHECKLIST = """\
+When a distributed job hangs or will not start
+ 1. Same versions everywhere: python -m ddp_tutorial on each node (torch, CUDA, NCCL, Python).
+ 2. Every rank started? Count processes per node; WORLD_SIZE = nnodes x nproc_per_node.
+ 3. Rendezvous reachable: from each node, nc -zv MASTER_ADDR MASTER_PORT; open the
+    firewall for that port and for the ports NCCL/gloo pick between nodes.
+ 4. Right network interface: GLOO_SOCKET_IFNAME=eth0 / NCCL_SOCKET_IFNAME=eth0
+    (not lo, docker0 or a VPN); ip addr shows the names.
+ 5. Logs: NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET), TORCH_CPP_LOG_LEVEL=INFO,
+    TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that collectives match on every rank).
+ 6. Find the missing rank: dist.monitored_barrier(timeout=...) names it (gloo group).
+ 7. Where is each rank stuck? py-spy dump --pid PID for every rank (pgrep -P <torchrun pid>).
+ 8. Finite timeouts: init_process_group(timeout=...) so a hang becomes an error.
+ 9. Same data length on every rank (DistributedSampler, drop_last) or DDP's Join.
+10. After a crash: find stray ranks by process id (ps -o pid,ppid,pgid,cmd) and end them by id.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.pitfalls", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("demo", help="every demo: symptom, then fix (the default)")
+    sub.add_parser("checklist", help="print the checklist for hangs")
+    old = sub.add_parser("local-rank", help="what a script written for torch.distributed.launch sees")
+    # Written the old way on purpose: torch.distributed.launch passed --local_rank=N
+    # (--local-rank=N since torch 2.0); torchrun passes nothing and sets LOCAL_RANK.
+    old.add_argument("--local_rank", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.command == "checklist":
+        print(HANG_CHECKLIST, end="")
+    elif args.command == "local-rank":
+        _local_rank_report(args)
+    else:
+        from ddp_tutorial.strays import run_all as run_process_demos
+
+        from ddp_tutorial import pitfalls as m  # under python -m this file is __main__
+
+        for title, name, fn_args in _DEMOS:
+            print(f"{title}: {outcome(getattr(m, name), 2, fn_args, timeout=60.0)}", flush=True)
+        print(f"port already in use: {store_on_busy_port()}")
+        print(f"port 0 instead: free port found = {store_on_port_zero()}")
+        run_process_demos()
+    return 0
+
+
+_DEMOS = [
+    ("extra collective", "extra_collective", ()),
+    ("extra collective, DETAIL", "extra_collective", ("DETAIL",)),
+    ("rank stuck, monitored_barrier", "skips_barrier", (1,)),
+    ("wrong world size", "joins", (3,)),
+    ("world size from WORLD_SIZE", "joins", (None,)),
+    ("uneven inputs", "uneven_inputs", (False,)),
+    ("uneven inputs with Join", "uneven_inputs", (True,)),
+]
+
+if __name__ == "__main__":
+    sys.exit(main())

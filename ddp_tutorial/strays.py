@@ -1,0 +1,214 @@
+"""Processes that outlive their job, found and ended by process id; and a spawn target in ``__main__``.
+
+Used by ``11_debugging_and_pitfalls``. ``crash_a_job()`` starts a launcher with
+two "ranks" (each holding a listening port, as rank 0's rendezvous store does)
+and kills the launcher with SIGKILL, the way an out-of-memory killer or a lost
+SSH session does: nothing tells the ranks, so they keep running and keep the
+port. ``processes_in_session``/``listeners`` find them by id, ``end_processes``
+ends exactly those ids, never "every python process" (``pkill -f python`` would
+take your Jupyter kernel and other people's jobs with it). Linux (``/proc``).
+
+    python -m ddp_tutorial.strays
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+__all__ = ["CrashedJob", "crash_a_job", "processes_in_session", "listeners", "port_in_use",
+           "end_processes", "main_module_target", "run_all"]
+
+_RANK = """
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(600)  # a rank in its training loop
+"""
+_LAUNCHER = """
+import subprocess, sys, time
+ranks = [subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+         for _ in range(int(sys.argv[2]))]
+for r in ranks:
+    print(r.pid, r.stdout.readline().strip(), flush=True)
+time.sleep(600)  # supervising
+"""
+
+
+@dataclass
+class CrashedJob:
+    launcher_pid: int
+    session: int
+    rank_pids: list[int]
+    ports: list[int]
+
+
+def _subreaper(on: bool) -> None:
+    """Adopt orphans while the launcher dies, so this process can reap them (Linux; else no-op).
+
+    Normally init adopts and reaps them; in some containers PID 1 never reaps and
+    ended processes would linger as zombies.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def crash_a_job(num_ranks: int = 2, timeout: float = 20.0) -> CrashedJob:
+    """Start a launcher with ``num_ranks`` ranks, then SIGKILL the launcher alone."""
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, _RANK, str(num_ranks)],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pids, ports = [], []
+    with selectors.DefaultSelector() as sel:
+        sel.register(launcher.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while len(pids) < num_ranks:
+            if not sel.select(max(0.0, deadline - time.monotonic())):
+                launcher.kill()
+                raise TimeoutError(f"the launcher did not start its ranks within {timeout:g} s")
+            pid, port = launcher.stdout.readline().split()
+            pids.append(int(pid))
+            ports.append(int(port))
+    _subreaper(True)
+    try:
+        os.kill(launcher.pid, signal.SIGKILL)  # the crash: no chance to clean up
+        launcher.wait()
+    finally:
+        _subreaper(False)
+    launcher.stdout.close()
+    return CrashedJob(launcher.pid, launcher.pid, pids, ports)
+
+
+def _stat(pid: int) -> tuple[str, int, int, int]:
+    """(state, ppid, pgid, session) from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def _all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return _stat(pid)[0] != "Z"  # a zombie has ended; it only waits to be reaped
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def processes_in_session(session: int) -> list[int]:
+    """Live processes of a session (what ``ps -eo pid,sid,args`` lists): a job's processes."""
+    found = []
+    for pid in _all_pids():
+        try:
+            state, _, _, sid = _stat(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if sid == session and state != "Z":
+            found.append(pid)
+    return sorted(found)
+
+
+def listeners(port: int) -> list[int]:
+    """Processes listening on a TCP port (what ``ss -ltnp`` or ``fuser -n tcp PORT`` shows)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{cols[9]}]")
+    pids = []
+    for pid in _all_pids():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
+                pids.append(pid)
+        except OSError:  # gone, or not ours to look at
+            continue
+    return sorted(pids)
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def end_processes(pids: list[int], grace: float = 3.0) -> list[int]:
+    """SIGTERM these ids, SIGKILL what is left after ``grace`` s; return the ids still alive (none)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for pid in pids:
+            if _alive(pid):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.waitpid(pid, os.WNOHANG)  # reap it if it is our (adopted) child
+                except ChildProcessError:
+                    pass
+            if not any(_alive(pid) for pid in pids):
+                return []
+            time.sleep(0.05)
+    return [pid for pid in pids if _alive(pid)]
+
+
+_MAIN_TARGET = """
+import multiprocessing as mp
+from ddp_tutorial.launch import spawn
+
+def worker(rank, world_size):  # defined in __main__, as in a notebook cell
+    return rank
+
+if __name__ == "__main__":
+    try:
+        spawn(worker, 2)
+    except ValueError as exc:
+        print("launch.spawn refuses:", str(exc).split(";")[0])
+    # torch.multiprocessing.spawn starts its children with this start method
+    child = mp.get_context("spawn").Process(target=worker, args=(0, 1))
+    child.start()
+    child.join()
+    print("mp spawn child exit code:", child.exitcode)
+"""
+
+
+def main_module_target(timeout: float = 60.0) -> list[str]:
+    """Run a script whose spawn target lives in ``__main__``; return what it and its child said."""
+    run = subprocess.run([sys.executable, "-c", _MAIN_TARGET], capture_output=True, text=True,
+                         timeout=timeout)
+    said = run.stdout.splitlines()
+    said += [line for line in run.stderr.splitlines() if line.startswith("AttributeError")]
+    return said
+
+
+def run_all() -> None:
+    """The demos of this module, as ``python -m ddp_tutorial.pitfalls`` prints them."""
+    job = crash_a_job()
+    print(f"launcher killed; its ranks still alive: {[_alive(p) for p in job.rank_pids]}, "
+          f"their ports still taken: {[port_in_use(p) for p in job.ports]}")
+    found = processes_in_session(job.session)
+    print(f"found by session id: {len(found)} processes, the ranks: {found == job.rank_pids}")
+    print(f"left after end_processes: {end_processes(found)}; "
+          f"ports free again: {[not port_in_use(p) for p in job.ports]}")
+    for line in main_module_target():
+        print(line)
+
+
+if __name__ == "__main__":
+    run_all()
