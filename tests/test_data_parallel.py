@@ -1,0 +1,130 @@
+"""ddp_tutorial.data_parallel: DataParallel's four steps give the plain module's outputs and gradients."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from ddp_tutorial.data_parallel import (MiniDataParallel, bytes_per_device, parallel_apply, replicate,
+                                        scatter)
+from ddp_tutorial.models import DeepMLP, SharedLayerNet, ToyModel
+
+pytestmark = pytest.mark.timeout(60)
+CPU2 = ["cpu", "cpu"]
+
+
+def grads(module: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in module.parameters()]
+
+
+def forward_backward(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    out = model(x)
+    (out.pow(2).sum() + out.sum()).backward()
+    return out.detach(), grads(model.module if isinstance(model, MiniDataParallel) else model)
+
+
+@pytest.mark.parametrize("make", [ToyModel, lambda: DeepMLP(16, 32, 2, 3), lambda: SharedLayerNet().eval()])
+@pytest.mark.parametrize("batch,replicas", [(8, 2), (7, 3), (2, 4), (1, 2), (12, 4)])
+def test_same_outputs_and_grads_as_plain_module(make, batch, replicas):
+    torch.manual_seed(0)
+    model = make().double()
+    in_features = next(model.parameters()).shape[1]
+    x = torch.randn(batch, in_features, dtype=torch.float64)
+    ref_out, ref_grads = forward_backward(model, x)
+    out, dp_grads = forward_backward(MiniDataParallel(model, ["cpu"] * replicas), x)
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-12)
+    for g, r in zip(dp_grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12)
+
+
+def test_training_steps_match_plain_module():
+    torch.manual_seed(0)
+    plain = ToyModel().double()
+    wrapped = MiniDataParallel(ToyModel().double(), ["cpu"] * 3)
+    wrapped.module.load_state_dict(plain.state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, wrapped)]
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x, y = torch.randn(9, 10, generator=g, dtype=torch.float64), torch.randn(9, 5, generator=g, dtype=torch.float64)
+        for model, opt in zip((plain, wrapped), opts):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    for a, b in zip(plain.parameters(), wrapped.module.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_replicas_are_copies_that_feed_the_original():
+    model = SharedLayerNet()
+    replicas = replicate(model, CPU2)
+    assert len(replicas) == 2 and replicas[0] is not replicas[1]
+    for r in replicas:
+        assert r.shared.weight is not model.shared.weight
+        assert not r.shared.weight.is_leaf and r.shared.weight.grad_fn is not None
+        torch.testing.assert_close(r.shared.weight, model.shared.weight)
+        assert r.norm.running_mean is not model.norm.running_mean  # buffers are copied too
+        assert list(r.parameters()) == []  # copies are plain attributes, not Parameters
+    # the original is untouched
+    assert all(p.is_leaf for p in model.parameters())
+
+
+def test_scatter_splits_along_dim0():
+    x = torch.arange(14.0).reshape(7, 2)
+    chunks = scatter(x, ["cpu"] * 3)
+    assert [c.shape[0] for c in chunks] == [3, 3, 1]
+    torch.testing.assert_close(torch.cat(chunks), x)
+
+
+def test_parallel_apply_uses_threads_and_keeps_grad_mode():
+    seen = []
+    both_running = threading.Barrier(2, timeout=10)  # fails unless the replicas run at the same time
+
+    class Record(nn.Module):
+        def forward(self, x):
+            seen.append(threading.get_ident())
+            both_running.wait()
+            return x * 2
+
+    with torch.no_grad():
+        outs = parallel_apply([Record(), Record()], [torch.ones(2, requires_grad=True)] * 2)
+    assert len(set(seen)) == 2 and threading.get_ident() not in seen
+    assert not any(o.requires_grad for o in outs)
+    outs = parallel_apply([Record(), Record()], [torch.ones(2, requires_grad=True)] * 2)
+    assert all(o.requires_grad for o in outs)
+
+
+def test_parallel_apply_reraises_a_replica_error():
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        parallel_apply([nn.Identity(), Boom()], [torch.ones(1), torch.ones(1)])
+
+
+def test_batchnorm_statistics_are_per_chunk_in_training_mode():
+    # A real DataParallel difference the lesson mentions: each replica normalises its own chunk.
+    torch.manual_seed(0)
+    model = SharedLayerNet().double().train()
+    x = torch.randn(8, 8, dtype=torch.float64) * torch.linspace(0.1, 3, 8, dtype=torch.float64)[:, None]
+    assert not torch.allclose(MiniDataParallel(model, CPU2)(x), model(x))
+
+
+def test_main_device_holds_the_most():
+    rows = bytes_per_device(ToyModel(), torch.randn(18, 10), num_devices=3)
+    totals = [sum(r.values()) for r in rows]
+    assert len(rows) == 3 and totals[0] > totals[1] == totals[2]
+    params = sum(p.numel() * 4 for p in ToyModel().parameters())
+    assert rows[1]["replica weights + grads"] == 2 * params
+
+
+def test_torch_dataparallel_without_gpus_is_the_plain_module():
+    model = ToyModel()
+    x = torch.randn(4, 10)
+    if torch.cuda.is_available():
+        pytest.skip("with GPUs nn.DataParallel really scatters")
+    torch.testing.assert_close(nn.DataParallel(model)(x), model(x))
