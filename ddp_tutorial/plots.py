@@ -149,3 +149,61 @@ def plot_token_ring(results: list, ax=None):
     ax.set_xlabel("message number (send on the left, recv on the right)")
     ax.set_title("pass_token: each rank recv()s from its left, adds 1, send()s to its right", fontsize=10)
     return ax
+
+
+def plot_pipeline_timeline(events: list, ax=None, num_stages: int = 2, title: str = "",
+                           unit: str = "ms"):
+    """Gantt chart of ``pipeline`` events ``(stage, micro_batch, start, end)``: a lane per stage,
+    a bar per micro-batch (same colour = same micro-batch), white space = idle (``09_model_parallel_ddp``)."""
+    import matplotlib.pyplot as plt
+
+    scale = {"ms": 1e3, "s": 1.0, "units": 1.0}[unit]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 0.6 + 0.6 * num_stages))
+    for stage, micro, start, end in events:
+        ax.broken_barh([(start * scale, (end - start) * scale)], (stage - 0.35, 0.7),
+                       facecolors=f"C{micro % 10}", edgecolor="black", linewidth=0.5)
+        ax.text((start + end) / 2 * scale, stage, str(micro), ha="center", va="center", fontsize=8)
+    ax.set_yticks(range(num_stages))
+    ax.set_yticklabels([f"stage {s}\n(dev{s})" for s in range(num_stages)])
+    ax.set_ylim(num_stages - 0.5, -0.5)
+    ax.set_xlim(0, max(e[3] for e in events) * scale * 1.02)
+    ax.set_xlabel("time (whole-batch stage time = 1)" if unit == "units" else f"time ({unit})")
+    ax.set_title(title, fontsize=10)
+    return ax
+
+
+def plot_stage_grid(results: list, ax=None):
+    """The stages x replicas grid of ``pipeline_grid``: a box per rank, p2p arrows along each
+    pipeline, all-reduce links between the ranks holding the same stage (``09_model_parallel_ddp``)."""
+    import matplotlib.pyplot as plt
+
+    num_stages = max(r["stage"] for r in results) + 1
+    num_replicas = max(r["replica"] for r in results) + 1
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.2 + 2.4 * num_stages, 0.8 + 1.3 * num_replicas))
+    for r in results:
+        x, y = 2.4 * r["stage"], 1.3 * r["replica"]
+        ax.add_patch(plt.Rectangle((x - 0.6, y - 0.3), 1.2, 0.6, facecolor=f"C{r['stage']}", alpha=0.35,
+                                   edgecolor="black"))
+        ax.text(x, y, f"rank {r['rank']}\nstage {r['stage']}", ha="center", va="center", fontsize=9)
+        if r["stage"] + 1 < num_stages:
+            ax.annotate("", xy=(x + 1.8, y + 0.08), xytext=(x + 0.6, y + 0.08),
+                        arrowprops=dict(arrowstyle="->", color="black"))
+            ax.annotate("", xy=(x + 0.6, y - 0.08), xytext=(x + 1.8, y - 0.08),
+                        arrowprops=dict(arrowstyle="->", color="gray"))
+            ax.text(x + 1.2, y + 0.18, "activations", ha="center", fontsize=7)
+            ax.text(x + 1.2, y - 0.28, "gradients", ha="center", fontsize=7, color="gray")
+        if r["replica"] + 1 < num_replicas:
+            ax.annotate("", xy=(x, y + 1.0), xytext=(x, y + 0.3),
+                        arrowprops=dict(arrowstyle="<->", color=f"C{r['stage']}", linestyle="--"))
+            ax.text(x + 0.08, y + 0.65, "all-reduce\ngradients", fontsize=7, va="center")
+    ax.set_yticks([1.3 * p for p in range(num_replicas)])
+    ax.set_yticklabels([f"replica {p}" for p in range(num_replicas)])
+    ax.set_xlim(-0.9, 2.4 * (num_stages - 1) + 0.9)
+    ax.set_ylim(1.3 * (num_replicas - 1) + 0.5, -0.5)
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(f"{num_stages} pipeline stages x {num_replicas} data-parallel replicas", fontsize=10)
+    return ax
