@@ -32,6 +32,8 @@ __all__ = ["ring_all_reduce", "segment_bounds", "ring_trace", "SUPPORTED_OPS", "
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
 # Big enough that per-message overhead is small, small enough to pipeline a 16 MB tensor.
 PIECE_BYTES = 1 << 20
+# Receives posted ahead of the piece being reduced, so the network never waits for us.
+DEPTH = 2
 
 
 def segment_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
@@ -89,7 +91,7 @@ def ring_all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None) -> torch.
     return tensor
 
 
-def _ring(flat: torch.Tensor, op, group, piece_bytes: int = PIECE_BYTES,
+def _ring(flat: torch.Tensor, op, group, piece_bytes: int = PIECE_BYTES, depth: int = DEPTH,
           snapshot: Callable[[int], None] | None = None) -> None:
     """The algorithm. ``snapshot(step)`` (teaching only) is called after each step, in lock-step."""
     rank = dist.get_rank(group)
@@ -104,47 +106,43 @@ def _ring(flat: torch.Tensor, op, group, piece_bytes: int = PIECE_BYTES,
     bounds = segment_bounds(flat.numel(), n)
     piece = max(1, piece_bytes // flat.element_size())
     combine = _combine(op)
-    longest = bounds[0][1] - bounds[0][0]
-    # Two scratch buffers: the next step's pieces land in one while the other is reduced.
-    scratch = [torch.empty(longest, dtype=flat.dtype, device=flat.device) for _ in range(2)]
+    if snapshot is not None:
+        depth = 0  # a snapshot must not see the next step's data arriving early
 
     def pieces(seg: int) -> list[tuple[int, int]]:
         start, stop = bounds[seg]
         return [(a, min(a + piece, stop)) for a in range(start, stop, piece)]
 
-    # Step t receives segment plan[t]: reduce-scatter steps fold it in, all-gather steps keep it.
-    plan = [((rank - t - 1) % n, True) for t in range(n - 1)] + \
-           [((rank - t) % n, False) for t in range(n - 1)]
+    # Step t receives one segment from the left: the first n - 1 steps (reduce-scatter)
+    # fold it into ours, the last n - 1 (all-gather) keep it. Every piece is a job.
+    jobs = [(t, a, b) for t in range(n - 1) for a, b in pieces((rank - t - 1) % n)]
+    reducing_jobs = len(jobs)
+    jobs += [(t, a, b) for t in range(n - 1, 2 * n - 2) for a, b in pieces((rank - t + n - 1) % n)]
+    # Reduce-scatter pieces land in a few small scratch slots (not a whole segment:
+    # fresh memory costs page faults); all-gather pieces go straight to their place.
+    slots = [torch.empty(min(piece, bounds[0][1] - bounds[0][0]), dtype=flat.dtype,
+                         device=flat.device) for _ in range(depth + 1)]
 
-    def post_receives(t: int) -> list:
-        seg, reducing = plan[t]
-        start = bounds[seg][0]
-        posted = []
-        for a, b in pieces(seg):
-            # all-gather pieces go straight to their place: nothing else touches them any more
-            into = scratch[t % 2][a - start:b - start] if reducing else flat[a:b]
-            posted.append((a, b, into, dist.irecv(into, src=left, group=group)))
-        return posted
+    def post(i: int):
+        _, a, b = jobs[i]
+        into = slots[i % len(slots)][:b - a] if i < reducing_jobs else flat[a:b]
+        return into, dist.irecv(into, src=left, group=group)
 
     sends = [dist.isend(flat[a:b], dst=right, group=group) for a, b in pieces(rank)]
-    lookahead = snapshot is None  # a snapshot must not see the next step's data arriving early
-    posted = post_receives(0)
-    last = len(plan) - 1
-    for t in range(len(plan)):
-        upcoming = post_receives(t + 1) if lookahead and t < last else None
-        reducing = plan[t][1]
-        for a, b, into, work in posted:
-            work.wait()
-            if reducing:
-                combine(flat[a:b], into)
-                if t == n - 2 and op == ReduceOp.AVG:
-                    flat[a:b].div_(n)  # the owner finishes the mean before it is shared
-            if t < last:  # forward at once: this piece is what the right neighbour needs next
-                sends.append(dist.isend(flat[a:b], dst=right, group=group))
-        if snapshot is not None:
+    posted = [post(i) for i in range(min(depth + 1, len(jobs)))]
+    for i, (t, a, b) in enumerate(jobs):
+        into, work = posted.pop(0)
+        work.wait()
+        if i < reducing_jobs:
+            combine(flat[a:b], into)
+            if t == n - 2 and op == ReduceOp.AVG:
+                flat[a:b].div_(n)  # the owner finishes the mean before it is shared
+        if t < 2 * n - 3:  # forward at once: this piece is what the right neighbour needs next
+            sends.append(dist.isend(flat[a:b], dst=right, group=group))
+        if snapshot is not None and (i + 1 == len(jobs) or jobs[i + 1][0] != t):
             snapshot(t)
-        if t < last:
-            posted = upcoming if upcoming is not None else post_receives(t + 1)
+        if i + depth + 1 < len(jobs):  # keep ``depth`` receives waiting ahead of the one in use
+            posted.append(post(i + depth + 1))
     for work in sends:
         work.wait()
 
