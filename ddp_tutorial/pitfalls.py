@@ -103,7 +103,7 @@ def _join(timeout: float, world_size: int | None = None) -> None:
 # ------------------------------------------------------ mismatched collectives
 
 
-def extra_collective(rank: int, world_size: int, debug: str | None = None) -> float:
+def extra_collective(rank: int, world_size: int, debug: str | None = None) -> float | str:
     """Bug: only rank 0 all-reduces a metric, so its next collective meets a different one.
 
     ``debug="DETAIL"`` (``TORCH_DISTRIBUTED_DEBUG``) checks every collective's
@@ -114,10 +114,13 @@ def extra_collective(rank: int, world_size: int, debug: str | None = None) -> fl
         dist.set_debug_level_from_env()  # torch read the variable at import; read it again
     with distributed(timeout=10.0) as (_, device):
         grads = torch.ones(10, device=device)
-        if rank == 0:  # the bug: a collective inside "if rank == 0"
-            loss = torch.tensor([0.5], device=device)
-            dist.all_reduce(loss)
-        dist.all_reduce(grads)
+        try:
+            if rank == 0:  # the bug: a collective inside "if rank == 0"
+                loss = torch.tensor([0.5], device=device)
+                dist.all_reduce(loss)
+            dist.all_reduce(grads)
+        except RuntimeError as exc:  # DETAIL raises on every rank: return it, rank by rank
+            return f"{type(exc).__name__}: {_clean(str(exc))}"
         return grads.sum().item()
 
 
@@ -136,13 +139,16 @@ def skips_barrier(rank: int, world_size: int, stuck_rank: int | None = 1, wait: 
 
 
 def joins(rank: int, world_size: int, claimed_world_size: int | None = None,
-          init_timeout: float = 3.0) -> int:
+          init_timeout: float = 3.0) -> int | str:
     """Bug: a world size typed in the code (``claimed_world_size``) instead of read from the launcher.
 
     Every rank waits in ``init_process_group`` for ranks that will never start,
     until ``init_timeout``. Fix: ``claimed_world_size=None`` reads ``WORLD_SIZE``.
     """
-    _join(init_timeout, claimed_world_size)
+    try:
+        _join(init_timeout, claimed_world_size)
+    except RuntimeError as exc:  # every rank times out the same way: return it, rank by rank
+        return f"{type(exc).__name__}: {_clean(str(exc))}"
     try:
         return dist.get_world_size()
     finally:
@@ -233,8 +239,11 @@ def local_rank_as_launched(rank: int, world_size: int, argv: Sequence[str]) -> N
 
 
 def _local_rank_report(args: argparse.Namespace) -> None:
+    from ddp_tutorial.multinode import resolve_local_rank  # the fix, from 08_torchrun
+
     info = f"rank {os.environ.get('RANK', '0')}: --local_rank gives {args.local_rank}, " \
-           f"LOCAL_RANK gives {os.environ.get('LOCAL_RANK', 'unset')}"
+           f"LOCAL_RANK gives {os.environ.get('LOCAL_RANK', 'unset')}, " \
+           f"resolve_local_rank gives {resolve_local_rank(None)}"
     backend = choose_backend(local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     device = choose_device(int(os.environ.get("LOCAL_RANK", 0)), backend)
     print(f"{info} -> device {device}")
@@ -291,7 +300,7 @@ _DEMOS = [
     ("extra collective, DETAIL", "extra_collective", ("DETAIL",)),
     ("rank stuck, monitored_barrier", "skips_barrier", (1,)),
     ("wrong world size", "joins", (3,)),
-    ("world size from WORLD_SIZE", "joins", (None,)),
+    ("world size from WORLD_SIZE", "joins", (None, 30.0)),
     ("uneven inputs", "uneven_inputs", (False,)),
     ("uneven inputs with Join", "uneven_inputs", (True,)),
 ]

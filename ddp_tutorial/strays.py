@@ -63,18 +63,23 @@ def _subreaper(on: bool) -> None:
 def crash_a_job(num_ranks: int = 2, timeout: float = 20.0) -> CrashedJob:
     """Start a launcher with ``num_ranks`` ranks, then SIGKILL the launcher alone."""
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, _RANK, str(num_ranks)],
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
-    pids, ports = [], []
-    with selectors.DefaultSelector() as sel:
-        sel.register(launcher.stdout, selectors.EVENT_READ)
+                                stdout=subprocess.PIPE, bufsize=0, start_new_session=True)
+    out, fd = b"", launcher.stdout.fileno()
+    with selectors.DefaultSelector() as sel:  # raw reads: a buffered readline would hide lines from select
+        sel.register(fd, selectors.EVENT_READ)
         deadline = time.monotonic() + timeout
-        while len(pids) < num_ranks:
-            if not sel.select(max(0.0, deadline - time.monotonic())):
-                launcher.kill()
+        while out.count(b"\n") < num_ranks:
+            chunk = os.read(fd, 4096) if sel.select(max(0.0, deadline - time.monotonic())) else b""
+            if not chunk:
+                os.killpg(launcher.pid, signal.SIGKILL)  # the ranks share the launcher's group
+                launcher.wait()
                 raise TimeoutError(f"the launcher did not start its ranks within {timeout:g} s")
-            pid, port = launcher.stdout.readline().split()
-            pids.append(int(pid))
-            ports.append(int(port))
+            out += chunk
+    pids, ports = [], []
+    for line in out.decode().splitlines():
+        pid, port = line.split()
+        pids.append(int(pid))
+        ports.append(int(port))
     _subreaper(True)
     try:
         os.kill(launcher.pid, signal.SIGKILL)  # the crash: no chance to clean up

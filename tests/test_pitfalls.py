@@ -1,0 +1,178 @@
+"""Every pitfall demo of lesson 11 ends in its expected error or result, in time, leaving no process."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+
+from ddp_tutorial import checkpoint_pitfalls as cp
+from ddp_tutorial import pitfalls as P
+from ddp_tutorial import strays
+from ddp_tutorial.models import ToyModel
+
+
+def _descendants(root: int) -> list[int]:
+    """Live descendants of ``root``, except the forkserver (kept on purpose by launch.spawn)."""
+    children: dict[int, list[int]] = {}
+    for pid in strays._all_pids():
+        try:
+            state, ppid, _, _ = strays._stat(pid)
+        except OSError:
+            continue
+        if state != "Z":
+            children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if re.search(rb"multiprocessing\.(forkserver|resource_tracker)", f.read()):
+                    continue  # kept alive on purpose; its children are checked separately
+        except OSError:
+            continue
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _forkserver_children() -> list[int]:
+    pids = []
+    for pid in strays._all_pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                is_server = b"multiprocessing.forkserver" in f.read()
+            if is_server and strays._stat(pid)[1] == os.getpid():
+                pids += _descendants(pid)
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def no_process_left():
+    yield
+    assert _descendants(os.getpid()) == [], "a demo left a process behind"
+    assert _forkserver_children() == [], "a rank outlived its demo"
+
+
+@pytest.mark.timeout(60)
+def test_extra_collective_crashes_plain_and_is_named_with_detail():
+    plain = P.outcome(P.extra_collective, 2, timeout=30)
+    assert plain.kind == "error" and plain.seconds < 30
+    assert any("collective mismatch" in line for line in plain.log_lines("what"))
+    detail = P.outcome(P.extra_collective, 2, ("DETAIL",), timeout=30)
+    assert detail.kind == "ok"
+    for message in detail.results:
+        assert "Detected mismatch between collectives" in message
+        assert "TensorShape=[1]" in message and "TensorShape=[10]" in message
+
+
+@pytest.mark.timeout(60)
+def test_monitored_barrier_names_the_stuck_rank():
+    stuck = P.outcome(P.skips_barrier, 2, (1, 1.0), timeout=30)
+    assert stuck.kind == "error" and stuck.ranks == (0,)
+    assert "Rank 1 failed to pass monitoredBarrier" in stuck.message
+    assert stuck.seconds < 15
+    assert P.outcome(P.skips_barrier, 2, (None, 1.0), timeout=30).results == ["passed", "passed"]
+
+
+@pytest.mark.timeout(60)
+def test_wrong_world_size_times_out_in_init_and_environment_fixes_it():
+    wrong = P.outcome(P.joins, 2, (3, 1.0), timeout=30)
+    assert wrong.kind == "ok" and wrong.seconds < 15
+    assert all(r.startswith("DistStoreError: wait timeout after 1000ms") for r in wrong.results)
+    assert P.outcome(P.joins, 2, (None, 30.0), timeout=60).results == [2, 2]
+
+
+def _reference_join_weights() -> float:
+    """One process replays what Join does: 3 averaged steps, then rank 1's grad / 2 (rank 0 adds zeros)."""
+    torch.manual_seed(0)
+    model = ToyModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        opt.zero_grad()
+        ranks = [0, 1] if step < 3 else [1]
+        for rank in ranks:
+            (model(torch.full((4, 10), float(step + rank))).square().mean() / 2).backward()
+        opt.step()
+    return sum(p.sum().item() for p in model.parameters())
+
+
+@pytest.mark.timeout(120)
+def test_uneven_inputs_hang_without_join_and_agree_with_join():
+    hung = P.outcome(P.uneven_inputs, 2, (False, 1.0), timeout=60)
+    assert hung.results == [(3, "stuck in the barrier after its 3 batches"),
+                            (3, "stuck in the gradient all-reduce of batch 4")]
+    joined = P.outcome(P.uneven_inputs, 2, (True,), timeout=60)
+    (steps0, w0), (steps1, w1) = joined.results
+    assert (steps0, steps1) == (3, 4) and w0 == w1
+    assert float(w0.split()[-1]) == pytest.approx(_reference_join_weights(), abs=1e-3)
+
+
+def test_set_epoch_reshuffles_and_ranks_partition_each_epoch():
+    same = [P.epoch_orders(r, 2, 3, set_epoch=False) for r in range(2)]
+    fresh = [P.epoch_orders(r, 2, 3, set_epoch=True) for r in range(2)]
+    assert all(orders[0] == orders[1] == orders[2] for orders in same)
+    assert fresh[0][0] != fresh[0][1]
+    for epoch in range(3):
+        assert sorted(fresh[0][epoch] + fresh[1][epoch]) == list(range(8))
+
+
+def test_busy_port_and_port_zero():
+    assert "EADDRINUSE" in P.store_on_busy_port()
+    assert P.store_on_port_zero() is True
+
+
+@pytest.mark.timeout(60)
+def test_local_rank_argument_versus_environment():
+    old = P.outcome(P.local_rank_as_launched, 2, (["local-rank"],), timeout=30)
+    assert old.kind == "ok"
+    lines = old.log_lines("gives")
+    assert "--local_rank gives 0, LOCAL_RANK gives 0, resolve_local_rank gives 0" in lines[0]
+    assert "--local_rank gives 0, LOCAL_RANK gives 1, resolve_local_rank gives 1" in lines[1]
+    new_spelling = P.outcome(P.local_rank_as_launched, 2, (["local-rank", "--local-rank=1"],), timeout=30)
+    assert new_spelling.kind == "error" and "SystemExit" in new_spelling.message
+    assert new_spelling.log_lines("unrecognized arguments: --local-rank=1")
+
+
+@pytest.mark.timeout(60)
+def test_checkpoint_pitfalls(tmp_path):
+    path = str(tmp_path / "ckpt.pt")
+    torn = P.outcome(cp.every_rank_saves, 2, (path,), timeout=30).results
+    assert torn[0].startswith("RuntimeError: PytorchStreamReader failed")
+    assert torn[1] == "loaded version 1"
+    atomic = P.outcome(cp.rank0_saves_atomically, 2, (path,), timeout=30).results
+    assert atomic[1] == "during the save: loaded version 1; after the barrier: loaded version 2"
+    assert atomic[0].endswith("after the barrier: loaded version 2")
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
+    no_map = P.outcome(cp.load_gpu_checkpoint, 2, (path, False), timeout=30).results
+    assert all("CUDA device" in r for r in no_map)
+    mapped = P.outcome(cp.load_gpu_checkpoint, 2, (path, True), timeout=30).results
+    assert mapped == ["loaded on cpu", "loaded on cpu"]
+
+
+@pytest.mark.timeout(60)
+def test_stray_ranks_found_and_ended_by_id():
+    job = strays.crash_a_job()
+    try:
+        assert all(strays._alive(pid) for pid in job.rank_pids)
+        assert not strays._alive(job.launcher_pid)
+        assert strays.processes_in_session(job.session) == job.rank_pids
+        assert [strays.listeners(port) for port in job.ports] == [[pid] for pid in job.rank_pids]
+        assert all(strays.port_in_use(port) for port in job.ports)
+    finally:
+        left = strays.end_processes(job.rank_pids)
+    assert left == []
+    assert strays.processes_in_session(job.session) == []
+    assert not any(strays.port_in_use(port) for port in job.ports)
+
+
+@pytest.mark.timeout(60)
+def test_spawn_target_in_main_is_refused_or_fails_in_the_child():
+    said = strays.main_module_target()
+    assert any(line.startswith("launch.spawn refuses:") and "__main__" in line for line in said)
+    assert "mp spawn child exit code: 1" in said
+    assert any("Can't get attribute 'worker'" in line for line in said)
