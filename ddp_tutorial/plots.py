@@ -85,11 +85,12 @@ def plot_ring_steps(states: list, axes=None):
 
 def plot_busbw(rows: list, ax, memcpy_gbps: float | None = None):
     """Bus bandwidth over message size from ``bench.allreduce.sweep`` rows, one line per (impl, world_size)."""
-    for n in sorted({row["world_size"] for row in rows}):
+    for i, n in enumerate(sorted({row["world_size"] for row in rows})):
         mine = sorted((r for r in rows if r["world_size"] == n), key=lambda r: r["bytes"])
         sizes = [r["bytes"] for r in mine]
-        ax.plot(sizes, [r["ring_busbw"] for r in mine], "o-", label=f"ring_all_reduce, {n} ranks")
-        ax.plot(sizes, [r["dist_busbw"] for r in mine], "s--", label=f"dist.all_reduce, {n} ranks")
+        ax.plot(sizes, [r["ring_busbw"] for r in mine], "o-", color=f"C{i}", label=f"ring_all_reduce, {n} ranks")
+        ax.plot(sizes, [r["dist_busbw"] for r in mine], "s--", color=f"C{i}", alpha=0.6,
+                label=f"dist.all_reduce, {n} ranks")
     if memcpy_gbps:
         ax.axhline(memcpy_gbps, color="gray", linestyle=":", label="memory copy (1 thread)")
     ax.set_xscale("log", base=2)
