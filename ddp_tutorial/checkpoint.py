@@ -44,13 +44,25 @@ def save_checkpoint(state: dict[str, Any], path: str) -> str:
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # an exception or SystemExit (SIGTERM): leave no partial file behind
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
+    _remove_stale(path, keep=tmp)
     return path
+
+
+def _remove_stale(path: str, keep: str) -> None:
+    """Temporary files of writers that were SIGKILLed mid-write (only rank 0 writes, so none is live)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    for entry in os.listdir(directory):
+        if entry.startswith(name + ".") and entry.endswith(".tmp") and entry != os.path.basename(keep):
+            try:
+                os.unlink(os.path.join(directory, entry))
+            except FileNotFoundError:
+                pass
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ import torch.distributed as dist
 from ddp_tutorial.env import distributed
 from ddp_tutorial.launch import LOCALHOST, TorchrunResult, free_port, torchrun, torchrun_command
 
-__all__ = ["LAUNCHER_VARS", "launcher_env", "resolve_local_rank", "report_ranks", "parse_reports",
+__all__ = ["LAUNCHER_VARS", "launcher_env", "resolve_local_rank", "report_ranks", "parse_reports", "log_lines",
            "legacy_launch", "simulate_nodes", "run_and_stop", "main"]
 
 MARK = "WHOAMI "
@@ -73,6 +74,22 @@ def parse_reports(output: str) -> list[dict]:
     """The per-rank reports printed by ``main`` inside a launcher's (noisy) output, by rank."""
     found = [json.loads(line.split(MARK, 1)[1]) for line in output.splitlines() if MARK in line]
     return sorted(found, key=lambda r: r["rank_from_group"])
+
+
+_LOG_PREFIX = re.compile(r"^\[?[IWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] ?")  # torchrun's "W1121 12:00:00.0 123 file.py:9] "
+
+
+def log_lines(output: str, *keep: str) -> list[str]:
+    """The lines of a launcher's output that contain one of ``keep``, without timestamps or pids.
+
+    torchrun's own messages carry a time and a process id; the lesson wants the words.
+    """
+    found = []
+    for line in output.splitlines():
+        if any(k in line for k in keep):
+            line = _LOG_PREFIX.sub("", line)
+            found.append(re.sub(r"(process|pid:?) \d+", r"\1 PID", line).strip())
+    return found
 
 
 def legacy_launch(module: str, nproc_per_node: int = 2, args: Sequence[str] = (),
