@@ -57,9 +57,14 @@ def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[nn.Mod
 
     Gradients flowing into a replica's parameters end up summed in the original
     ``param.grad`` (see ``Broadcast``). A parameter used twice is copied once.
+    Buffers (BatchNorm statistics) are copied without gradients.
     """
+    devices = [torch.device(d) for d in devices]
     copies = {id(p): Broadcast.apply(devices, p) for p in module.parameters()}
-    buffers = {id(b): [b.detach().to(d, copy=True) for d in devices] for b in module.buffers()}
+    # Like nn.DataParallel: the replica on the main device keeps the original buffers, so its
+    # BatchNorm statistics are the ones that persist; the other replicas' updates are lost.
+    buffers = {id(b): [b if i == 0 and d == b.device else b.detach().to(d, copy=True)
+                       for i, d in enumerate(devices)] for b in module.buffers()}
     originals = list(module.modules())
     replicas = []
     for i in range(len(devices)):

@@ -66,8 +66,9 @@ def test_replicas_are_copies_that_feed_the_original():
         assert r.shared.weight is not model.shared.weight
         assert not r.shared.weight.is_leaf and r.shared.weight.grad_fn is not None
         torch.testing.assert_close(r.shared.weight, model.shared.weight)
-        assert r.norm.running_mean is not model.norm.running_mean  # buffers are copied too
         assert list(r.parameters()) == []  # copies are plain attributes, not Parameters
+    assert replicas[0].norm.running_mean is model.norm.running_mean  # main device: the original buffer
+    assert replicas[1].norm.running_mean is not model.norm.running_mean  # elsewhere: a copy
     # the original is untouched
     assert all(p.is_leaf for p in model.parameters())
 
@@ -111,7 +112,20 @@ def test_batchnorm_statistics_are_per_chunk_in_training_mode():
     torch.manual_seed(0)
     model = SharedLayerNet().double().train()
     x = torch.randn(8, 8, dtype=torch.float64) * torch.linspace(0.1, 3, 8, dtype=torch.float64)[:, None]
+    before = model.norm.running_mean.clone()
     assert not torch.allclose(MiniDataParallel(model, CPU2)(x), model(x))
+    # only the main device's replica (the first chunk) updated the running statistics
+    first_chunk_only = SharedLayerNet().double().train()
+    first_chunk_only.load_state_dict({**model.state_dict(), "norm.running_mean": before,
+                                      "norm.running_var": torch.ones(8, dtype=torch.float64),
+                                      "norm.num_batches_tracked": torch.tensor(0)})
+    first_chunk_only(x[:4])
+    # model saw: DP forward (chunk 0 counted) then a plain forward of x
+    reference = SharedLayerNet().double().train()
+    reference.load_state_dict(first_chunk_only.state_dict())
+    reference(x)
+    torch.testing.assert_close(model.norm.running_mean, reference.norm.running_mean)
+    assert int(model.norm.num_batches_tracked) == 2
 
 
 def test_main_device_holds_the_most():
