@@ -1,0 +1,133 @@
+"""ddp_tutorial.collectives: each collective against a reference computed in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed import ReduceOp
+
+from ddp_tutorial import collectives as c
+from ddp_tutorial.launch import spawn
+
+NUMELS = [1, 2, 7]  # 7 does not divide by 2, 3 or 4; 1 is fewer elements than ranks
+DTYPES = [torch.float32, torch.float64, torch.int64]
+OPS = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MAX, ReduceOp.MIN]
+FOLD = {ReduceOp.SUM: torch.add, ReduceOp.PRODUCT: torch.mul, ReduceOp.MAX: torch.maximum,
+        ReduceOp.MIN: torch.minimum}
+
+
+def all_cases(rank: int, world_size: int) -> dict:
+    """Every collective x numel x dtype (and x op for the reducing ones), run on this rank."""
+    out = {}
+    for numel in NUMELS:
+        for dtype in DTYPES:
+            for name, fn in c.COLLECTIVES.items():
+                if name in ("reduce", "all_reduce", "reduce_scatter"):
+                    for op in OPS:
+                        out[name, numel, dtype, op.name] = fn(rank, world_size, numel, dtype, op=op)
+                else:
+                    out[name, numel, dtype, None] = fn(rank, world_size, numel, dtype)
+    out["ragged"] = c.ragged_all_gather(rank, world_size)
+    return out
+
+
+def data(rank: int, numel: int, dtype) -> torch.Tensor:
+    """The inputs again, written out here so the reference does not lean on the module."""
+    return torch.tensor([10 * rank + k for k in range(1, numel + 1)]).to(dtype)
+
+
+def bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
+    sizes = [numel // world_size + (1 if i < numel % world_size else 0) for i in range(world_size)]
+    starts = [sum(sizes[:i]) for i in range(world_size)]
+    return [(s, s + n) for s, n in zip(starts, sizes)]
+
+
+def expected(name: str, rank: int, world_size: int, numel: int, dtype, op_name) -> tuple:
+    """What ``rank`` should hold after collective ``name``, computed in this one process."""
+    inputs = [data(r, numel, dtype) for r in range(world_size)]
+    mine = inputs[rank].tolist()
+    folded = None
+    if op_name:
+        folded = inputs[0].clone()
+        for x in inputs[1:]:
+            folded = FOLD[getattr(ReduceOp, op_name)](folded, x)
+    everything = torch.cat(inputs).tolist()
+    if name == "broadcast":
+        return mine, inputs[0].tolist()
+    if name == "scatter":
+        source = data(0, numel * world_size, dtype)
+        return (source.tolist() if rank == 0 else None), source[rank * numel:(rank + 1) * numel].tolist()
+    if name == "gather":
+        return mine, (everything if rank == 0 else None)
+    if name == "reduce":
+        return mine, (folded.tolist() if rank == 0 else None)
+    if name == "all_reduce":
+        return mine, folded.tolist()
+    if name == "all_gather":
+        return mine, everything
+    if name == "reduce_scatter":
+        a, b = bounds(numel, world_size)[rank]
+        return mine, folded[a:b].tolist()
+    if name == "all_to_all":
+        a, b = bounds(numel, world_size)[rank]
+        return mine, torch.cat([x[a:b] for x in inputs]).tolist()
+    raise KeyError(name)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_every_collective_matches_the_one_process_reference(world_size):
+    results = spawn(all_cases, world_size, backend="gloo", timeout=90)
+    checked = 0
+    for rank, held in enumerate(results):
+        for key, got in held.items():
+            if key == "ragged":
+                continue
+            name, numel, dtype, op_name = key
+            want = expected(name, rank, world_size, numel, dtype, op_name)
+            assert tuple(got) == want, f"{key} on rank {rank} of {world_size}"
+            checked += 1
+    assert checked == world_size * len(NUMELS) * len(DTYPES) * (5 + 3 * len(OPS))
+
+
+@pytest.mark.timeout(60)
+def test_all_gather_uneven_returns_every_rank_its_own_length():
+    results = spawn(c.ragged_all_gather, 3, backend="gloo", timeout=30)
+    everything = [1.0, 11.0, 12.0, 21.0, 22.0, 23.0]
+    assert results == [([1.0], everything), ([11.0, 12.0], everything), ([21.0, 22.0, 23.0], everything)]
+
+
+@pytest.mark.timeout(60)
+def test_every_reduce_op_reports_a_result_or_a_refusal():
+    results = spawn(c.every_reduce_op, 3, backend="gloo", timeout=30)
+    assert results[0] == results[1] == results[2]
+    ops = results[0]
+    # ranks hold [1, 6], [2, 5], [3, 4]
+    assert ops["SUM"] == "[6.0, 15.0]" and ops["PRODUCT"] == "[6.0, 120.0]"
+    assert ops["MIN"] == "[1.0, 4.0]" and ops["MAX"] == "[3.0, 6.0]"
+    assert ops["BAND"] == str([1 & 2 & 3, 6 & 5 & 4]) and ops["BOR"] == str([1 | 2 | 3, 6 | 5 | 4])
+    assert ops["BXOR"] == str([1 ^ 2 ^ 3, 6 ^ 5 ^ 4])
+    assert ops["AVG"] in ("[2.0, 5.0]",) or ops["AVG"].startswith("refused")
+
+
+@pytest.mark.timeout(60)
+def test_async_all_reduce_gives_the_sum_after_wait():
+    results = spawn(c.async_all_reduce, 2, backend="gloo", timeout=30)
+    for r in results:
+        assert r["completed after wait"] is True
+        assert r["x[0]"] == 3.0 and r["mean via future"] == [1.5] * 4
+
+
+def test_picture_of_a_collective_is_drawn_from_returned_values():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ddp_tutorial.plots import plot_collective
+
+    before, after = [[1.0, 2.0], [11.0, 12.0]], [None, [1.0, 11.0, 2.0, 12.0]]
+    axes = plot_collective("gather", before, after)
+    labels = sorted(t.get_text() for t in axes[1].texts)
+    assert labels == ["(nothing)", "1", "11", "12", "2"]
+    plt.close("all")
