@@ -12,8 +12,10 @@ start ranks the two classic ways, without ``launch.spawn``. From a shell:
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
+import re
 import sys
 import tempfile
 import time
@@ -218,6 +220,9 @@ def raw_mp_spawn(fn, nprocs: int = 2, timeout: float = 60.0) -> None:
     For a worker defined in a notebook the children die before ``fn`` runs;
     the error then quotes the last line they printed (02 shows this on purpose).
     """
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    level = spawn_log.level
+    spawn_log.setLevel(logging.ERROR)  # its "Terminating process <pid>" warning would vary
     with tempfile.TemporaryFile() as log:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -227,15 +232,18 @@ def raw_mp_spawn(fn, nprocs: int = 2, timeout: float = 60.0) -> None:
             try:
                 _join(context, timeout)
                 return
-            except torch_mp.ProcessExitedException as exc:
-                failure = exc
+            except torch_mp.ProcessExitedException:
+                pass  # which child is reported first is down to timing: name none
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+            spawn_log.setLevel(level)
         log.seek(0)
-        lines = log.read().decode(errors="replace").strip().splitlines() or ["(no output)"]
-    raise RuntimeError(f"torch.multiprocessing.spawn failed: {failure}; "
-                       f"the child's last words: {lines[-1]}")
+        text = log.read().decode(errors="replace")
+    # A child stopped by its parent may leave half a traceback: quote a complete error line.
+    errors = re.findall(r"^\w+(?:Error|Exception): .*$", text, flags=re.MULTILINE) or ["(no error line)"]
+    raise RuntimeError(f"torch.multiprocessing.spawn failed: the children exited with an error; "
+                       f"their last words: {errors[-1]}")
 
 
 def _join(context, timeout: float) -> None:
