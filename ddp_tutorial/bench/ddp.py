@@ -1,0 +1,181 @@
+"""``bench ddp``: step time of the from-scratch DDPs against torch DDP (``07_ddp_from_scratch``).
+
+A ~1M-parameter ``DeepMLP``, 2 ranks (gloo on CPU, nccl on GPUs), SGD steps of
+forward + backward + update. Rows: ``local`` (no communication at all: the floor),
+torch DDP, ``BucketedDDP``, ``FlatDDP``, ``NaiveDDP``. The workers here also feed the
+notebook's bucket-size sweep, latency/bandwidth fit and overlap timeline.
+
+    python -m ddp_tutorial.bench ddp [--world-size 2] [--repeat 7] [--plot ddp.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_tutorial.bench.common import Result
+from ddp_tutorial.ddp_from_scratch import WRAPPERS, BucketedDDP, _device, make_model
+from ddp_tutorial.launch import spawn
+
+HELP = "BucketedDDP / FlatDDP / NaiveDDP vs torch DDP step time (~1M params, 2 ranks)"
+KINDS = ("local", "torch", "bucketed", "flat", "naive")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=7, help="timed rounds; the best is kept")
+    parser.add_argument("--steps", type=int, default=5, help="steps per timed round")
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
+
+
+def _wrap(kind: str, model: nn.Module, bucket_cap_mb: float) -> nn.Module:
+    if kind == "local":
+        return model
+    if kind == "torch":
+        return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+    return WRAPPERS[kind](model, **({"bucket_cap_mb": bucket_cap_mb} if kind == "bucketed" else {}))
+
+
+def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def run() -> None:
+        for _ in range(steps):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return run
+
+
+def step_times(rank: int, world_size: int, kinds: tuple[str, ...] = KINDS, steps: int = 5, repeat: int = 7,
+               batch_size: int = 32, bucket_cap_mb: float = 25.0, seed: int = 0) -> dict[str, float]:
+    """Best seconds per step of each kind; the kinds take turns so that machine noise hits them alike."""
+    device = _device()
+    base, (n_in, n_out) = make_model("big", seed)
+    base.to(device)
+    gen = torch.Generator().manual_seed(seed + rank)
+    x = torch.randn(batch_size, n_in, generator=gen).to(device)
+    y = torch.randn(batch_size, n_out, generator=gen).to(device)
+    runs = {k: _stepper(_wrap(k, copy.deepcopy(base), bucket_cap_mb), x, y, steps) for k in kinds}
+    best = {k: float("inf") for k in kinds}
+    for round_ in range(repeat + 1):  # round 0 warms up
+        for k in kinds:
+            dist.barrier()
+            start = time.perf_counter()
+            runs[k]()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if round_:
+                best[k] = min(best[k], (time.perf_counter() - start) / steps)
+    del runs
+    gc.collect()
+    return best
+
+
+def allreduce_times(rank: int, world_size: int, numels: list[int], repeat: int = 7) -> list[float]:
+    """Best seconds of one blocking all-reduce of a float32 tensor of each size."""
+    device = _device()
+    out = []
+    for n in numels:
+        t = torch.ones(n, device=device)
+        best = float("inf")
+        for i in range(repeat + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(t)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i:
+                best = min(best, time.perf_counter() - start)
+        out.append(best)
+    return out
+
+
+def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 3, repeat: int = 3,
+                 batch_size: int = 32, seed: int = 0) -> list[dict[str, float]]:
+    """For each bucket cap: the number of buckets, BucketedDDP's step time, and the time of its
+    buckets' all-reduces done one after another with nothing to overlap (communication alone)."""
+    rows = []
+    for cap in caps_mb:
+        step = step_times(rank, world_size, ("bucketed",), steps, repeat, batch_size, cap, seed)["bucketed"]
+        model, _ = make_model("big", seed)
+        buckets = BucketedDDP(model.to(_device()), bucket_cap_mb=cap)
+        comm = float("inf")
+        for i in range(repeat + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            for flat in buckets._flat:
+                dist.all_reduce(flat)
+            if i:
+                comm = min(comm, time.perf_counter() - start)
+        nbytes = sum(f.numel() * f.element_size() for f in buckets._flat)
+        rows.append({"bucket_cap_mb": cap, "buckets": len(buckets._flat), "bytes": nbytes,
+                     "step": step, "comm": comm})
+        del buckets, model
+        gc.collect()
+    return rows
+
+
+def fit_overhead_model(calls: list[float], nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
+    """Least-squares fit of ``seconds = calls * latency + bytes / bandwidth``; returns (latency s, bandwidth B/s)."""
+    a = torch.tensor([calls, nbytes], dtype=torch.float64).T
+    b = torch.tensor(seconds, dtype=torch.float64).unsqueeze(1)
+    latency, inv_bw = torch.linalg.lstsq(a, b).solution.squeeze(1).tolist()
+    return latency, 1.0 / inv_bw
+
+
+def timeline(rank: int, world_size: int, bucket_cap_mb: float = 1.0, batch_size: int = 32,
+             seed: int = 0) -> dict:
+    """One recorded BucketedDDP step: when each gradient was ready, when each bucket's all-reduce
+    started and finished, all in seconds from the start of backward."""
+    device = _device()
+    model, (n_in, n_out) = make_model("big", seed)
+    ddp = BucketedDDP(model.to(device), bucket_cap_mb=bucket_cap_mb, record_events=True)
+    gen = torch.Generator().manual_seed(seed + rank)
+    x = torch.randn(batch_size, n_in, generator=gen).to(device)
+    y = torch.randn(batch_size, n_out, generator=gen).to(device)
+    for _ in range(3):  # warm-up; the last step is the one recorded
+        loss = nn.functional.mse_loss(ddp(x), y)
+        dist.barrier()
+        start = time.perf_counter()
+        loss.backward()
+        end = time.perf_counter()
+    events = [(kind, index, t - start) for kind, index, t in ddp.events]
+    result = {"events": events, "backward": end - start, "buckets": ddp.buckets,
+              "names": [name for name, _ in model.named_parameters()]}
+    del ddp
+    gc.collect()
+    return result
+
+
+def run(args: argparse.Namespace) -> Result:
+    n = args.world_size
+    per_rank = spawn(step_times, n, args=(KINDS, args.steps, args.repeat, args.batch_size, args.bucket_cap_mb),
+                     timeout=600, quiet=True)
+    times = {k: max(r[k] for r in per_rank) for k in KINDS}
+    names = {"local": "no communication (floor)", "torch": "torch DDP", "bucketed": "BucketedDDP",
+             "flat": "FlatDDP", "naive": "NaiveDDP"}
+    rows = [{"model": names[k], "ms/step": 1e3 * times[k], "x torch DDP": times[k] / times["torch"]} for k in KINDS]
+    return Result(
+        name=f"ddp: DeepMLP ~1M params, {n} ranks, batch {args.batch_size}/rank, "
+             f"bucket_cap_mb={args.bucket_cap_mb:g} (best of {args.repeat} x {args.steps} steps)",
+        columns=["model", "ms/step", "x torch DDP"],
+        rows=rows,
+        ratios={"BucketedDDP / torch DDP": times["bucketed"] / times["torch"],
+                "NaiveDDP / BucketedDDP": times["naive"] / times["bucketed"],
+                "FlatDDP / BucketedDDP": times["flat"] / times["bucketed"]},
+        notes=["target: BucketedDDP / torch DDP <= 1.15; NaiveDDP slower than BucketedDDP"],
+    )
+
+
+def plot(result: Result, ax) -> None:
+    ax.bar([r["model"].split(" ")[0] for r in result.rows], [r["ms/step"] for r in result.rows])
+    ax.set_ylabel("ms per step")
+    ax.set_title("DDP step time, ~1M params")

@@ -1,0 +1,124 @@
+"""NaiveDDP, FlatDDP and BucketedDDP against torch DDP and against gradients averaged by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddp_tutorial.bench.ddp import fit_overhead_model, timeline
+from ddp_tutorial.ddp_from_scratch import WRAPPERS, assign_buckets, compare_with_torch_ddp, make_model
+from ddp_tutorial.launch import spawn
+
+TOL = 1e-6
+
+
+MODELS = ("toy", "shared", "mlp")  # shared: one layer used twice, and BatchNorm buffers
+
+
+def compare_every_model(rank: int, world_size: int) -> dict:
+    # One launch for all models: the first torch DDP in a process pays seconds of imports.
+    # A 2 KB bucket cap splits even these small models into several buckets.
+    return {m: compare_with_torch_ddp(rank, world_size, m, num_steps=5, bucket_cap_mb=0.002) for m in MODELS}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_equal_to_torch_ddp_after_several_steps(world_size):
+    results = spawn(compare_every_model, world_size, timeout=100)
+    for rank, per_model in enumerate(results):
+        assert set(per_model) == set(MODELS)
+        for model_name, diffs in per_model.items():
+            assert set(diffs) == {"naive", "flat", "bucketed"}
+            for kind, diff in diffs.items():
+                assert diff <= TOL, (rank, model_name, kind, diff)
+
+
+class _Unused(nn.Module):
+    """``spare`` gets no gradient: the wrappers must still finish (zeros) instead of hanging."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(4, 3)
+        self.spare = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def grads_against_hand_average(rank: int, world_size: int, kind: str, model_name: str) -> dict:
+    """After backward, each ``param.grad`` must be the mean of the ranks' local gradients."""
+    if model_name == "unused":
+        torch.manual_seed(rank)
+        model, (n_in, n_out) = _Unused().double(), (4, 3)
+    else:
+        model, (n_in, n_out) = make_model(model_name, seed=rank, dtype=torch.float64)
+    plain = [p.detach().clone() for p in model.parameters()]
+    wrapped = WRAPPERS[kind](model, **({"bucket_cap_mb": 0.001} if kind == "bucketed" else {}))
+    # The broadcast at construction: every rank now holds rank 0's weights.
+    rank0 = [p.detach().clone() for p in model.parameters()]
+    for p in rank0:
+        dist.broadcast(p, 0)
+    same_as_rank0 = all(torch.equal(a, b) for a, b in zip(model.parameters(), rank0))
+    changed = any(not torch.equal(a, b) for a, b in zip(model.parameters(), plain))
+    # Reference: local gradients of an undistributed copy, averaged with all_gather.
+    twin = make_model(model_name, 0, torch.float64)[0] if model_name != "unused" else _Unused().double()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(6, n_in, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+    twin(x).square().mean().backward()
+    expected = []
+    for p in twin.parameters():
+        local = p.grad if p.grad is not None else torch.zeros_like(p)
+        parts = [torch.empty_like(local) for _ in range(world_size)]
+        dist.all_gather(parts, local)
+        expected.append(torch.stack(parts).mean(0))
+    wrapped(x).square().mean().backward()
+    diff = max((p.grad - e).abs().max().item() for p, e in zip(model.parameters(), expected))
+    return {"same_as_rank0": same_as_rank0, "changed": changed, "diff": diff}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["naive", "flat", "bucketed"])
+@pytest.mark.parametrize("model_name", ["shared", "unused"])
+def test_grads_are_the_mean_over_ranks(kind, model_name):
+    results = spawn(grads_against_hand_average, 3, args=(kind, model_name), timeout=90)
+    for rank, r in enumerate(results):
+        assert r["same_as_rank0"], rank
+        assert r["diff"] <= TOL, (rank, r["diff"])
+    assert not results[0]["changed"]  # rank 0 keeps its own weights...
+    assert results[1]["changed"] and results[2]["changed"]  # ...the others receive them
+
+
+def test_bucket_assignment():
+    params = [torch.zeros(n) for n in (1000, 10, 1000, 10, 300_000, 10)]  # float32: 4 bytes each
+    # Reverse order; a bucket closes when the next parameter would pass the cap.
+    assert assign_buckets(params, bucket_cap_mb=8080 / 2**20) == [[5], [4], [3, 2, 1, 0]]
+    assert assign_buckets(params, bucket_cap_mb=8000 / 2**20) == [[5], [4], [3, 2, 1], [0]]
+    assert assign_buckets(params, bucket_cap_mb=25) == [[5, 4, 3, 2, 1, 0]]
+    mixed = [torch.zeros(3, dtype=torch.float64), torch.zeros(3), torch.zeros(3)]
+    assert assign_buckets(mixed, 25) == [[2, 1], [0]]  # one dtype per flat bucket
+
+
+def test_fit_overhead_model_recovers_latency_and_bandwidth():
+    latency, bandwidth = 50e-6, 2e9
+    calls = [1, 1, 1, 1, 4, 16, 64]
+    nbytes = [1e3, 1e5, 1e6, 4e6, 4e6, 4e6, 4e6]
+    seconds = [c * latency + b / bandwidth for c, b in zip(calls, nbytes)]
+    fit_latency, fit_bandwidth = fit_overhead_model(calls, nbytes, seconds)
+    assert fit_latency == pytest.approx(latency, rel=1e-6)
+    assert fit_bandwidth == pytest.approx(bandwidth, rel=1e-6)
+
+
+@pytest.mark.timeout(120)
+def test_bucketed_communication_starts_during_backward():
+    r = spawn(timeline, 2, args=(0.5,), timeout=90)[0]
+    events = r["events"]
+    ready = [t for kind, _, t in events if kind == "ready"]
+    launches = {i: t for kind, i, t in events if kind == "launch"}
+    done = {i: t for kind, i, t in events if kind == "done"}
+    assert len(r["buckets"]) > 2 and len(launches) == len(done) == len(r["buckets"])
+    assert sorted(i for b in r["buckets"] for i in b) == list(range(len(ready)))
+    assert launches[0] < max(ready)  # the first bucket is on the wire before the last gradient exists
+    assert all(launches[b] <= done[b] for b in launches)
+    assert [launches[b] for b in sorted(launches)] == sorted(launches.values())  # buckets go in order
