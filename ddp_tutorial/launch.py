@@ -232,9 +232,13 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
     import torch.distributed as dist
 
     threads = threads or max(1, (os.cpu_count() or 1) // world_size)
-    # The parent hosts the store on a port chosen by the kernel: no race for ports.
-    store = dist.TCPStore(master_addr, 0, world_size, is_master=True,
-                          timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    # The parent hosts the store on a socket it binds itself: only on master_addr
+    # (TCPStore alone would listen on every interface), on a port the kernel picks,
+    # so two launches never race for a port.
+    listener = socket.create_server((master_addr, 0), backlog=128)
+    store = dist.TCPStore(master_addr, listener.getsockname()[1], world_size, is_master=True,
+                          timeout=timedelta(seconds=timeout), wait_for_workers=False,
+                          master_listen_fd=listener.detach())  # the store owns the socket now
     env = dict(os.environ, MASTER_ADDR=master_addr, MASTER_PORT=str(store.port),
                WORLD_SIZE=str(world_size), TORCHELASTIC_USE_AGENT_STORE="True",
                OMP_NUM_THREADS=str(threads))

@@ -77,3 +77,16 @@ def loader_in_worker(rank: int, world_size: int) -> float:
 
     data = TensorDataset(torch.arange(8, dtype=torch.float32))
     return sum(batch[0].sum().item() for batch in DataLoader(data, batch_size=4, num_workers=1))
+
+
+def listening_sockets(rank: int, world_size: int) -> tuple:
+    """Where this rank (gloo's pair sockets) and the rendezvous store listen."""
+    import subprocess
+
+    dist.barrier()
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    dist.barrier()
+    local = [line.split()[3] for line in out.splitlines()]
+    mine = [addr for line, addr in zip(out.splitlines(), local) if f"pid={os.getpid()}," in line]
+    store = [addr for addr in local if addr.endswith(":" + os.environ["MASTER_PORT"])]
+    return mine, store

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -63,7 +64,7 @@ def test_hanging_rank_gives_worker_timeout_within_the_timeout(tmp_path):
     with pytest.raises(WorkerTimeout) as info:
         spawn(w.hang_on, 2, args=(1, str(tmp_path)), timeout=3)
     elapsed = time.monotonic() - start
-    assert 3 <= elapsed < 15
+    assert 3 <= elapsed < 30  # bounded: the hang did not freeze the caller
     assert info.value.ranks == [1]
     assert "ranks still running: [1]" in str(info.value)
     assert_all_gone(pids_in(tmp_path))
@@ -106,6 +107,13 @@ def test_quiet_drops_relayed_output(capsys):
 def test_without_init_the_worker_initialises_itself_on_localhost():
     results = spawn(w.self_init, 2, init_process_group=False, timeout=30)
     assert results == [("127.0.0.1", [3.0, 3.0, 3.0])] * 2
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_rendezvous_and_gloo_listen_on_loopback_only():
+    for mine, store in spawn(w.listening_sockets, 2, timeout=30):
+        assert mine and all(addr.startswith("127.0.0.1:") for addr in mine), mine
+        assert store and all(addr.startswith("127.0.0.1:") for addr in store), store
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
