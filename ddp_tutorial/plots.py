@@ -153,22 +153,25 @@ def plot_token_ring(results: list, ax=None):
 
 
 def plot_pipeline_timeline(events: list, ax=None, num_stages: int = 2, title: str = "",
-                           unit: str = "ms"):
+                           unit: str = "ms", xmax: float | None = None):
     """Gantt chart of ``pipeline`` events ``(stage, micro_batch, start, end)``: a lane per stage,
-    a bar per micro-batch (same colour = same micro-batch), white space = idle (``09_model_parallel_ddp``)."""
+    a bar per micro-batch (same colour = same micro-batch), white space = idle (``09_model_parallel_ddp``).
+    ``xmax`` (in the events' unit) gives several charts one time axis."""
     import matplotlib.pyplot as plt
 
     scale = {"ms": 1e3, "s": 1.0, "units": 1.0}[unit]
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 0.6 + 0.6 * num_stages))
+    xmax = xmax or max(e[3] for e in events)
     for stage, micro, start, end in events:
         ax.broken_barh([(start * scale, (end - start) * scale)], (stage - 0.35, 0.7),
                        facecolors=f"C{micro % 10}", edgecolor="black", linewidth=0.5)
-        ax.text((start + end) / 2 * scale, stage, str(micro), ha="center", va="center", fontsize=8)
+        if end - start > 0.03 * xmax:  # a label only where it fits
+            ax.text((start + end) / 2 * scale, stage, str(micro), ha="center", va="center", fontsize=8)
     ax.set_yticks(range(num_stages))
     ax.set_yticklabels([f"stage {s}\n(dev{s})" for s in range(num_stages)])
     ax.set_ylim(num_stages - 0.5, -0.5)
-    ax.set_xlim(0, max(e[3] for e in events) * scale * 1.02)
+    ax.set_xlim(0, xmax * scale * 1.02)
     ax.set_xlabel("time (whole-batch stage time = 1)" if unit == "units" else f"time ({unit})")
     ax.set_title(title, fontsize=10)
     return ax
