@@ -28,7 +28,8 @@ def _grid(ax, holdings, title: str, vmin: float, vmax: float, cmap: str = "virid
             ax.text(j + 0.5, r + 0.5, text, ha="center", va="center", fontsize=9,
                     color="white" if level < 0.55 else "black")
         if not values:
-            ax.text(0.05, r + 0.5, "(nothing)", va="center", fontsize=8, color="gray")
+            note = "(nothing to read)" if values is None else "(empty)"
+            ax.text(0.05, r + 0.5, note, va="center", fontsize=8, color="gray")
     ax.set_xlim(0, width)
     ax.set_ylim(len(holdings), 0)
     ax.set_yticks([r + 0.5 for r in range(len(holdings))])
@@ -47,7 +48,7 @@ def plot_collective(name: str, before: list, after: list, axes=None):
     vmin, vmax = (min(flat), max(flat)) if flat else (0.0, 1.0)
     width = max([len(h or []) for h in before + after] + [1])
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(2.2 + 0.7 * 2 * width, 0.5 + 0.45 * len(before)))
+        _, axes = plt.subplots(1, 2, figsize=(2.5 + 1.1 * width, 0.5 + 0.45 * len(before)))
     _grid(axes[0], before, f"{name}: before", vmin, vmax, width=width)
     _grid(axes[1], after, f"{name}: after", vmin, vmax, width=width)
     axes[1].set_yticklabels([])

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-__all__ = ["ring_all_reduce", "segment_bounds", "ring_trace", "SUPPORTED_OPS", "PIECE_BYTES"]
+__all__ = ["ring_all_reduce", "segment_bounds", "ring_trace", "compare_with_dist", "SUPPORTED_OPS", "PIECE_BYTES"]
 
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
 # Big enough that per-message overhead is small, small enough to pipeline a 16 MB tensor.
@@ -160,6 +160,22 @@ def ring_trace(rank: int, world_size: int, numel: int | None = None) -> list[lis
     expected = float(sum(10 ** r for r in range(world_size)))
     assert x.eq(expected).all(), f"rank {rank}: {x.tolist()} != {expected}"
     return states
+
+
+def compare_with_dist(rank: int, world_size: int, numel: int = 5,
+                      dtype: torch.dtype = torch.float64) -> dict[str, tuple[list, bool]]:
+    """Each op on the same input through ``ring_all_reduce`` and ``dist.all_reduce``: (ring result, equal?)."""
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    out = {}
+    for op in SUPPORTED_OPS:
+        if op == ReduceOp.AVG and not dtype.is_floating_point:
+            continue
+        x = (torch.arange(numel, device=on) % 3 + rank + 1).to(dtype)
+        expected = x.clone()
+        dist.all_reduce(expected, op)
+        ring_all_reduce(x, op)
+        out[op.name] = (x.tolist(), torch.equal(x, expected))
+    return out
 
 
 def main() -> None:

@@ -129,5 +129,5 @@ def test_picture_of_a_collective_is_drawn_from_returned_values():
     before, after = [[1.0, 2.0], [11.0, 12.0]], [None, [1.0, 11.0, 2.0, 12.0]]
     axes = plot_collective("gather", before, after)
     labels = sorted(t.get_text() for t in axes[1].texts)
-    assert labels == ["(nothing)", "1", "11", "12", "2"]
+    assert labels == ["(nothing to read)", "1", "11", "12", "2"]
     plt.close("all")

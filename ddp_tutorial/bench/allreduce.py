@@ -44,9 +44,11 @@ def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
                    piece_bytes: int = PIECE_BYTES) -> list[dict]:
     """Best seconds per all-reduce of float32 messages, ring vs ``dist.all_reduce`` (slowest rank counts)."""
     torch.manual_seed(rank)
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    sync = torch.cuda.synchronize if on is not None else (lambda: None)  # GPU ops are asynchronous
     rows = []
     for size in sizes:
-        x = torch.randn(size // 4)
+        x = torch.randn(size // 4, device=on)
         # Small messages: average over several calls, or the timer's resolution dominates.
         calls = max(1, min(100, (4 * MB) // size))
         impls = {"ring": lambda: _ring(x, dist.ReduceOp.SUM, None, piece_bytes),
@@ -61,7 +63,9 @@ def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
                 start = time.perf_counter()
                 for _ in range(calls):
                     impls[name]()
-                elapsed = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64)
+                sync()
+                elapsed = torch.tensor([(time.perf_counter() - start) / calls], dtype=torch.float64,
+                                       device=on)
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 best[name] = min(best[name], elapsed.item())
         rows.append({"bytes": size, "ring_s": best["ring"], "dist_s": best["dist"]})
