@@ -112,7 +112,7 @@ def extra_collective(rank: int, world_size: int, debug: str | None = None) -> fl
     if debug:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = debug
         dist.set_debug_level_from_env()  # torch read the variable at import; read it again
-    with distributed(timeout=10.0) as (_, device):
+    with distributed(timeout=30.0) as (_, device):
         grads = torch.ones(10, device=device)
         try:
             if rank == 0:  # the bug: a collective inside "if rank == 0"
