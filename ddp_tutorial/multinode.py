@@ -88,6 +88,7 @@ def log_lines(output: str, *keep: str) -> list[str]:
     for line in output.splitlines():
         if any(k in line for k in keep):
             line = _LOG_PREFIX.sub("", line)
+            line = re.sub(r" of binary: \S+", "", line)
             found.append(re.sub(r"(process|pid:?) \d+", r"\1 PID", line).strip())
     return found
 

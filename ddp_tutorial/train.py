@@ -265,14 +265,15 @@ def _fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, 
         record = {"epoch": epoch + 1, "step": step, "train_loss": running[0].item() / running[1].item()}
         record.update(evaluate(setup.model, setup.test_loader, device))
         setup.history.append(record)
-        log(f"epoch {epoch + 1}/{config.num_epochs}  step {step}  train_loss {record['train_loss']:.4f}  "
-            f"test_loss {record['test_loss']:.4f}  test_acc {record['test_acc']:.4f}")
         if config.checkpoint and rank == 0:
             save_checkpoint({"model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
                              "epoch": epoch + 1, "step": step, "rng": capture_rng(),
                              "history": setup.history, "model_name": setup.model_name,
                              "dataset": config.dataset, "world_size": world_size}, config.checkpoint)
             written += 1
+        # Logged after the save: an epoch in the log is an epoch in the checkpoint.
+        log(f"epoch {epoch + 1}/{config.num_epochs}  step {step}  train_loss {record['train_loss']:.4f}  "
+            f"test_loss {record['test_loss']:.4f}  test_acc {record['test_acc']:.4f}")
     return {"rank": rank, "world_size": world_size, "model_name": setup.model_name, "attempt": attempt,
             "history": setup.history, "final": setup.history[-1], "steps": step,
             "checkpoints_written": written, "train_seconds": train_seconds, "samples_trained": samples,
