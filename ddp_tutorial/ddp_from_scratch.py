@@ -102,20 +102,22 @@ class FlatDDP(_FromScratchDDP):
             p.grad.copy_(chunk.view_as(p))
 
 
-def assign_buckets(params: list[torch.Tensor], bucket_cap_mb: float = 25.0) -> list[list[int]]:
+def assign_buckets(params: list[torch.Tensor], bucket_cap_mb: float = 25.0,
+                   first_bucket_mb: float | None = None) -> list[list[int]]:
     """Parameter indices per bucket, last parameter first (the order backward produces gradients).
 
-    A bucket takes parameters until the next one would push it past ``bucket_cap_mb``;
-    a parameter bigger than the cap gets a bucket of its own.
+    A bucket takes parameters until the next one would push it past ``bucket_cap_mb``
+    (the first bucket: past ``first_bucket_mb``, when given and smaller); a parameter
+    bigger than the cap gets a bucket of its own.
     """
-    cap = bucket_cap_mb * 2**20
     buckets: list[list[int]] = []
     size = 0.0
     for i in reversed(range(len(params))):
         p = params[i]
         nbytes = p.numel() * p.element_size()
+        cap = bucket_cap_mb if len(buckets) != 1 or first_bucket_mb is None else min(bucket_cap_mb, first_bucket_mb)
         same_kind = buckets and (p.dtype, p.device) == (params[buckets[-1][0]].dtype, params[buckets[-1][0]].device)
-        if buckets and same_kind and size + nbytes <= cap:
+        if buckets and same_kind and size + nbytes <= cap * 2**20:
             buckets[-1].append(i)
             size += nbytes
         else:
@@ -128,14 +130,17 @@ class BucketedDDP(_FromScratchDDP):
     """Gradients are copied into buckets as they become ready; a full bucket's all-reduce starts at once.
 
     Buckets start in a fixed order on every rank (collectives must match across ranks),
-    so a bucket that fills early waits for the ones before it. With ``record_events``
-    the last step's events are kept in ``events`` as ``(kind, index, time)`` for a timeline.
+    so a bucket that fills early waits for the ones before it. Like torch DDP, the first
+    bucket is capped at ``first_bucket_mb`` (1 MB) so that communication starts early
+    even with a large ``bucket_cap_mb``. With ``record_events`` the last step's events
+    are kept in ``events`` as ``(kind, index, time)`` for a timeline.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, process_group=None,
-                 broadcast_buffers: bool = True, record_events: bool = False):
+                 broadcast_buffers: bool = True, first_bucket_mb: float | None = 1.0,
+                 record_events: bool = False):
         super().__init__(module, process_group, broadcast_buffers)
-        self.buckets = assign_buckets(self.params, bucket_cap_mb)
+        self.buckets = assign_buckets(self.params, bucket_cap_mb, first_bucket_mb)
         self.record_events = record_events
         self.events: list[tuple[str, int, float]] = []
         self._flat, self._views, self._bucket_of = [], {}, {}
@@ -199,13 +204,13 @@ WRAPPERS = {"naive": NaiveDDP, "flat": FlatDDP, "bucketed": BucketedDDP}
 
 
 def make_model(name: str, seed: int, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, tuple[int, int]]:
-    """A model by name and its (in, out) features: ``toy``, ``shared`` (a layer used twice + BatchNorm), ``mlp`` (small), ``big`` (~1M)."""
+    """A model by name and its (in, out) features: ``toy``, ``shared`` (a layer used twice + BatchNorm), ``mlp`` (small), ``big`` (~1M, deep)."""
     torch.manual_seed(seed)
     model, shape = {
         "toy": lambda: (ToyModel(), (10, 5)),
         "shared": lambda: (SharedLayerNet(), (8, 2)),
         "mlp": lambda: (DeepMLP(16, 32, 3, 4), (16, 4)),
-        "big": lambda: (DeepMLP(), (256, 10)),
+        "big": lambda: (DeepMLP(128, 256, 14, 10), (128, 10)),  # 0.92M parameters in 34 tensors
     }[name]()
     return model.to(dtype), shape
 

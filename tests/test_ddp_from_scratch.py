@@ -122,3 +122,9 @@ def test_bucketed_communication_starts_during_backward():
     assert launches[0] < max(ready)  # the first bucket is on the wire before the last gradient exists
     assert all(launches[b] <= done[b] for b in launches)
     assert [launches[b] for b in sorted(launches)] == sorted(launches.values())  # buckets go in order
+
+
+def test_first_bucket_is_small_like_torch_ddp():
+    params = [torch.zeros(n) for n in (200_000, 200_000, 200_000, 10)]  # 0.8 MB each
+    assert assign_buckets(params, 25) == [[3, 2, 1, 0]]
+    assert assign_buckets(params, 25, first_bucket_mb=1.0) == [[3, 2], [1, 0]]
