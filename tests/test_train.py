@@ -1,0 +1,177 @@
+"""The training program: convergence, exact resume after a crash, simulated nodes, bad input, checkpoints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ddp_tutorial import multinode
+from ddp_tutorial.checkpoint import CheckpointError, load_checkpoint, same_weights, save_checkpoint
+from ddp_tutorial.data import digits, shard_indices
+from ddp_tutorial.launch import spawn, torchrun
+from ddp_tutorial.models import SmallCNN, ToyModel
+from ddp_tutorial.train import TrainConfig, main, train
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _accuracy_in_one_process(weights: dict) -> float:
+    """Reference for the all-reduced metric: the whole test split scored by one plain model."""
+    model = SmallCNN(1, 10)
+    model.load_state_dict(weights)
+    test = digits(seed=0).test
+    x, y = test.tensors
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).double().mean().item()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_digits_converges_and_only_rank0_writes(world_size, tmp_path):
+    ckpt = tmp_path / "ckpt" / "digits.pt"
+    config = TrainConfig(num_epochs=4, checkpoint=str(ckpt), log=False)
+    results = spawn(train, world_size, args=(config,), threads=1, timeout=100)
+
+    history = results[0]["history"]
+    assert history[-1]["test_acc"] >= 0.9
+    assert history[-1]["train_loss"] < history[0]["train_loss"] / 4
+    assert history[-1]["test_samples"] == len(digits(seed=0).test) == 359  # every test sample once
+    # the all-reduced accuracy equals one process scoring the whole split with the same weights
+    assert history[-1]["test_acc"] == pytest.approx(_accuracy_in_one_process(results[0]["weights"]), abs=1e-9)
+    for other in results[1:]:  # DDP kept the replicas identical; metrics agree on every rank
+        assert other["history"] == history
+        assert same_weights(other["weights"], results[0]["weights"])
+    # rank 0 wrote once per epoch, the others never; one complete file, no temporary leftovers
+    assert [r["checkpoints_written"] for r in results] == [4] + [0] * (world_size - 1)
+    assert os.listdir(ckpt.parent) == ["digits.pt"]
+    state = load_checkpoint(str(ckpt))
+    assert state["epoch"] == 4 and same_weights(state["model"], results[0]["weights"])
+
+
+@pytest.mark.timeout(180)
+def test_crash_and_restart_ends_with_the_uninterrupted_weights(tmp_path):
+    ckpt = tmp_path / "restarted.pt"
+    run = torchrun("ddp_tutorial.train", 2, args=["--epochs", "2", "--checkpoint", ckpt, "--resume",
+                                                  "--fail-at-step", "30"], max_restarts=1, timeout=150)
+    assert "injected failure at step 30 (attempt 0)" in run.output
+    assert "resumed from restarted.pt after epoch 1 (step 22), attempt 1" in run.output
+    reference = spawn(train, 2, args=(TrainConfig(num_epochs=2, log=False),), threads=1, timeout=100)
+    restarted = load_checkpoint(str(ckpt))
+    assert restarted["epoch"] == 2 and restarted["step"] == 44
+    assert same_weights(restarted["model"], reference[0]["weights"], atol=1e-6)
+    assert restarted["history"] == reference[0]["history"]
+
+
+@pytest.mark.timeout(120)
+def test_two_nodes_on_one_machine_form_one_world():
+    nodes = multinode.simulate_nodes(nnodes=2, nproc_per_node=2, rendezvous="c10d", timeout=100)
+    reports = [r for node in nodes for r in multinode.parse_reports(node.output)]
+    assert [r["rank_from_group"] for r in reports] == [0, 1, 2, 3]
+    for r in reports:
+        assert int(r["WORLD_SIZE"]) == 4 and int(r["LOCAL_WORLD_SIZE"]) == 2
+        assert int(r["RANK"]) == r["rank_from_group"]
+        assert int(r["RANK"]) == int(r["GROUP_RANK"]) * 2 + int(r["LOCAL_RANK"])
+    assert sorted((int(r["GROUP_RANK"]), int(r["LOCAL_RANK"])) for r in reports) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def _other_model_checkpoint(path) -> str:
+    save_checkpoint({"model": ToyModel().state_dict(), "model_name": "resnet18", "dataset": "digits"}, str(path))
+    return str(path)
+
+
+def _wrong_shapes_checkpoint(path) -> str:
+    save_checkpoint({"model": ToyModel().state_dict(), "model_name": "cnn", "dataset": "digits"}, str(path))
+    return str(path)
+
+
+def _truncated_checkpoint(path) -> str:
+    save_checkpoint({"model": SmallCNN().state_dict(), "model_name": "cnn", "dataset": "digits"}, str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return str(path)
+
+
+BAD_INPUTS = {
+    "unknown dataset": (lambda tmp: ["--dataset", "mnist"], "invalid choice: 'mnist'"),
+    "unknown model": (lambda tmp: ["--model", "vgg"], "invalid choice: 'vgg'"),
+    "cifar without a data dir": (lambda tmp: ["--dataset", "cifar10"], "needs --data-dir"),
+    "missing data dir": (lambda tmp: ["--dataset", "cifar10", "--data-dir", str(tmp / "nowhere")], "does not exist"),
+    "empty data dir": (lambda tmp: ["--dataset", "cifar10", "--data-dir", str(tmp)], "is empty"),
+    "batch too large": (lambda tmp: ["--batch-size", "2000"], "leaves each of the 1 rank(s) without a full batch"),
+    "no epochs": (lambda tmp: ["--epochs", "0"], "--epochs must be at least 1"),
+    "other model's checkpoint": (lambda tmp: ["--resume", "--checkpoint", _other_model_checkpoint(tmp / "c.pt")],
+                                 "saved with model_name='resnet18', but this run uses model_name='cnn'"),
+    "checkpoint that does not fit": (lambda tmp: ["--resume", "--checkpoint", _wrong_shapes_checkpoint(tmp / "c.pt")],
+                                     "does not fit model 'cnn'"),
+    "half-written checkpoint": (lambda tmp: ["--resume", "--checkpoint", _truncated_checkpoint(tmp / "c.pt")],
+                                "cannot load checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_a_nonzero_exit(case, tmp_path, capsys):
+    make_argv, message = BAD_INPUTS[case]
+    argv = make_argv(tmp_path) + ["--epochs", "1"] * (case != "no epochs")
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse's errors
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code != 0
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_exit_code_of_the_real_program(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ddp_tutorial.train", "--dataset", "cifar10",
+                           "--data-dir", str(tmp_path / "missing")], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"ddp_tutorial.train: error: --data-dir {tmp_path / 'missing'} does not exist "
+        "(add --download to fetch CIFAR-10 into it)"]
+
+
+def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "model.pt"
+    save_checkpoint({"epoch": 1, "w": torch.ones(3)}, str(path))
+
+    def dies_halfway(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt  # like Ctrl-C (or our SIGTERM handler) in the middle of torch.save
+
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint({"epoch": 2, "w": torch.zeros(3)}, str(path))
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["model.pt"]
+    state = load_checkpoint(str(path))
+    assert state["epoch"] == 1 and torch.equal(state["w"], torch.ones(3))
+
+
+def test_stale_temporary_files_of_a_killed_writer_are_removed(tmp_path):
+    (tmp_path / "model.pt.abc123.tmp").write_bytes(b"left by a SIGKILLed rank 0")
+    save_checkpoint({"epoch": 1}, str(tmp_path / "model.pt"))
+    assert os.listdir(tmp_path) == ["model.pt"]
+
+
+class _NotATensor:
+    pass
+
+
+def test_loading_refuses_arbitrary_objects(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": _NotATensor()}, path)
+    with pytest.raises(CheckpointError, match="cannot load checkpoint"):
+        load_checkpoint(str(path))
+
+
+@pytest.mark.parametrize("n,world_size", [(359, 2), (359, 3), (5, 4), (2, 4)])
+def test_test_shards_cover_every_sample_once(n, world_size):
+    shards = [shard_indices(n, r, world_size) for r in range(world_size)]
+    assert sorted(i for s in shards for i in s) == list(range(n))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
