@@ -11,7 +11,7 @@ from __future__ import annotations
 
 
 def _grid(ax, holdings, title: str, vmin: float, vmax: float, cmap: str = "viridis",
-          width: int | None = None, changed=None, labels=None) -> None:
+          width: int | None = None, changed=None, labels=None, fontsize: int = 9) -> None:
     """One row per rank, one cell per element, coloured by value and labelled with it (or ``labels``)."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
@@ -21,12 +21,13 @@ def _grid(ax, holdings, title: str, vmin: float, vmax: float, cmap: str = "virid
     span = (vmax - vmin) or 1.0
     for r, values in enumerate(holdings):
         for j, v in enumerate(values or []):
-            level = (float(v) - vmin) / span
-            ax.add_patch(Rectangle((j, r), 1, 1, facecolor=cm(0.15 + 0.7 * level),
+            face = cm(0.15 + 0.7 * (float(v) - vmin) / span)
+            ax.add_patch(Rectangle((j, r), 1, 1, facecolor=face,
                                    edgecolor="black", linewidth=2.5 if changed and changed[r][j] else 0.5))
             text = labels[r][j] if labels else (f"{v:g}" if isinstance(v, float) else str(v))
-            ax.text(j + 0.5, r + 0.5, text, ha="center", va="center", fontsize=9,
-                    color="white" if level < 0.55 else "black")
+            dark = 0.299 * face[0] + 0.587 * face[1] + 0.114 * face[2] < 0.5  # perceived brightness
+            ax.text(j + 0.5, r + 0.5, text, ha="center", va="center", fontsize=fontsize,
+                    color="white" if dark else "black")
         if not values:
             note = "(nothing to read)" if values is None else "(empty)"
             ax.text(0.05, r + 0.5, note, va="center", fontsize=8, color="gray")
@@ -65,7 +66,7 @@ def plot_ring_steps(states: list, axes=None):
 
     world_size, steps = len(states), len(states[0])
     if axes is None:
-        _, axes = plt.subplots(1, steps, figsize=(2.1 * steps, 0.6 + 0.5 * world_size))
+        _, axes = plt.subplots(1, steps, figsize=(0.55 * world_size * steps + 0.8, 0.6 + 0.5 * world_size))
     for t, ax in enumerate(axes):
         held = [[int(v) for v in states[r][t]] for r in range(world_size)]
         counts = [[str(v).count("1") for v in row] for row in held]
@@ -78,7 +79,10 @@ def plot_ring_steps(states: list, axes=None):
         else:
             title = f"all-gather {t - world_size + 1}"
         labels = [[f"{v:0{world_size}d}" for v in row] for row in held]
-        _grid(ax, counts, title, 1, world_size, cmap="YlGnBu", changed=changed, labels=labels)
+        _grid(ax, counts, title, 1, world_size, cmap="YlGnBu", changed=changed, labels=labels, fontsize=7)
+        ax.set_xticks([j + 0.5 for j in range(world_size)])
+        ax.set_xticklabels([f"seg {j}" for j in range(world_size)], fontsize=7)
+        ax.tick_params(axis="x", length=0)
         if t:
             ax.set_yticklabels([])
     return axes
@@ -211,4 +215,83 @@ def plot_stage_grid(results: list, ax=None):
     for side in ("top", "right", "bottom"):
         ax.spines[side].set_visible(False)
     ax.set_title(f"{num_stages} pipeline stages x {num_replicas} data-parallel replicas", fontsize=10)
+    return ax
+
+
+# ---------------------------------------------------------------- 07 DDP from scratch
+
+
+def plot_overlap_timeline(timelines: list, ax=None, title: str = ""):
+    """``bench.ddp.timeline`` results (one per rank): for each rank a lane of gradients becoming
+    ready during backward and a lane of bucket all-reduces (launch to done), same colour = same bucket."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.8 + 1.1 * len(timelines)))
+    labels = []
+    for rank, tl in enumerate(timelines):
+        bucket_of = {i: b for b, indices in enumerate(tl["buckets"]) for i in indices}
+        y_grad, y_comm = 2 * rank, 2 * rank + 1
+        ms = {(kind, i): 1e3 * t for kind, i, t in tl["events"]}
+        ax.broken_barh([(0, 1e3 * tl["backward"])], (y_grad - 0.3, 0.6), facecolors="0.9", edgecolor="0.6")
+        for (kind, i), t in ms.items():
+            if kind == "ready":
+                ax.plot([t, t], [y_grad - 0.3, y_grad + 0.3], color=f"C{bucket_of[i] % 10}", linewidth=2)
+            elif kind == "launch" and ("done", i) in ms:
+                ax.broken_barh([(t, ms[("done", i)] - t)], (y_comm - 0.3, 0.6), facecolors=f"C{i % 10}",
+                               edgecolor="black", linewidth=0.5, alpha=0.8)
+        labels += [f"rank {rank}\nbackward", f"rank {rank}\nall-reduce"]
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_xlabel("ms since loss.backward() was called")
+    ax.set_title(title or "BucketedDDP: ticks = a gradient is ready, bars = a bucket's all-reduce "
+                 "(launch to done); colour = bucket", fontsize=9)
+    return ax
+
+
+def plot_bucket_sweep(rows: list, latency: float, bandwidth: float, ax=None, floor: float | None = None):
+    """``bench.ddp.bucket_sweep`` rows against bucket size: step time, communication alone, and the
+    model ``buckets * latency + bytes / bandwidth`` with its fitted constants."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4))
+    caps = [r["bucket_cap_mb"] for r in rows]
+    ax.plot(caps, [1e3 * r["step"] for r in rows], "o-", label="BucketedDDP step (measured)")
+    ax.plot(caps, [1e3 * r["comm"] for r in rows], "s", color="C1", label="its all-reduces alone (measured)")
+    model = [1e3 * (r["buckets"] * latency + r["bytes"] / bandwidth) for r in rows]
+    ax.plot(caps, model, "--", color="C1",
+            label=f"model: buckets x {1e6 * latency:.0f} us + bytes / {bandwidth / 1e9:.2g} GB/s")
+    if floor is not None:
+        ax.axhline(1e3 * floor, color="gray", linestyle=":", label="step without communication")
+    for cap, r in zip(caps, rows):
+        ax.annotate(str(r["buckets"]), (cap, 1e3 * r["comm"]), textcoords="offset points", xytext=(0, -12),
+                    ha="center", fontsize=7, color="C1")
+    ax.set_xscale("log")
+    ax.set_xlabel("bucket_cap_mb (numbers: how many buckets)")
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    ax.set_title("bucket size: fewer calls vs. later start", fontsize=10)
+    return ax
+
+
+def plot_allreduce_fit(nbytes: list, seconds: list, latency: float, bandwidth: float, ax=None):
+    """Time of one all-reduce against its size, with the fitted line ``latency + bytes / bandwidth``."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 4))
+    ax.plot(nbytes, [1e3 * s for s in seconds], "o", label="one all-reduce (measured)")
+    lo, hi = min(nbytes), max(nbytes)
+    xs = [lo * (hi / lo) ** (i / 49) for i in range(50)]
+    ax.plot(xs, [1e3 * (latency + x / bandwidth) for x in xs], "--",
+            label=f"{1e6 * latency:.0f} us + bytes / {bandwidth / 1e9:.2g} GB/s")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per all-reduce")
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=7)
+    ax.set_title("latency, then bandwidth", fontsize=10)
     return ax
