@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 import torch
 from torch import nn
 
-from ddp_tutorial.launch import WorkerError, spawn
+from ddp_tutorial.launch import WorkerError, spawn, torchrun
 from ddp_tutorial.model_parallel import (ToyMpModel, ddp_mp_worker, device_map, model_parallel_backend,
                                          train_reference, training_memory)
 from ddp_tutorial.models import ToyModel
 from ddp_tutorial.pipeline import (bubble_fraction, ideal_schedule, idle_fraction, microbatch_forward,
                                    pipelined_forward)
 from ddp_tutorial.pipeline_grid import Grid, grid_worker, mlp_stages, train_whole_model
+from ddp_tutorial.pipeline_grid import main as pipeline_grid_main
 
 
 # ---------------------------------------------------------------- device maps
@@ -172,13 +172,21 @@ def test_grid_worker_refuses_a_bad_world_and_a_bad_batch():
         spawn(grid_worker, 2, args=(1, 0.1, 8, 3), timeout=30, quiet=True)
 
 
-@pytest.mark.timeout(60)
-def test_pipeline_grid_alone_fails_with_one_line():
-    proc = subprocess.run([sys.executable, "-m", "ddp_tutorial.pipeline_grid"], capture_output=True,
-                          text=True, timeout=50)
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "multiple of 2" in lines[0] and "torchrun" in lines[0]
+def test_pipeline_grid_alone_fails_with_one_line(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)  # a plain `python -m`: a world of one
+    monkeypatch.setattr(sys, "argv", ["pipeline_grid"])
+    with pytest.raises(SystemExit) as exit_info:
+        pipeline_grid_main()
+    message = str(exit_info.value.code)
+    assert "\n" not in message and "multiple of 2" in message and "torchrun" in message
+
+
+@pytest.mark.timeout(150)
+def test_pipeline_grid_under_torchrun_matches_one_process():
+    # 2 processes: one pipeline of 2 stages (the 2 x 2 grid itself is tested through spawn above)
+    run = torchrun("ddp_tutorial.pipeline_grid", nproc_per_node=2, timeout=120)
+    assert "grid training equals one process training the whole model: True" in run.output
+    assert "rank 1: stage 1 of replica 0, pipeline [0, 1], data-parallel group [1]" in run.output
 
 
 # ---------------------------------------------------------------- memory arithmetic
