@@ -8,7 +8,7 @@ import json
 import sys
 
 # Subcommand -> module in this package. Each lesson's benchmark lives in its own module.
-SUBCOMMANDS = ["launch", "allreduce", "ddp", "pipeline"]
+SUBCOMMANDS = ["launch", "allreduce", "ddp", "pipeline", "collectives", "dp"]
 
 
 def _load(name: str):

@@ -1,0 +1,86 @@
+"""``python -m ddp_tutorial.bench collectives`` and ``dp``: tiny runs, well-formed JSON, consistent numbers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ddp_tutorial.bench import collectives, dp
+
+
+def _args(module, argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def _check_collective_rows(rows: list[dict], world_sizes: list[int], num_sizes: int) -> None:
+    assert len(rows) == len(collectives.OPS) * num_sizes * len(world_sizes)
+    for row in rows:
+        assert row["time_us"] > 0 and row["algbw_GBps"] > 0 and row["busbw_GBps"] > 0
+        assert row["bytes"] % (4 * row["ranks"]) == 0
+        assert row["algbw_GBps"] == pytest.approx(row["bytes"] / (row["time_us"] * 1e-6) / 1e9, rel=1e-9)
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * row["factor"], rel=1e-12)
+
+
+def test_bus_factors_are_nccl_tests_factors():
+    # written out by hand for 4 ranks, as in nccl-tests' PERFORMANCE.md and sources
+    expected = {"all_reduce": 1.5, "all_gather": 0.75, "reduce_scatter": 0.75, "all_to_all": 0.75,
+                "gather": 0.75, "scatter": 0.75, "broadcast": 1.0, "reduce": 1.0, "sendrecv": 1.0}
+    assert {op: collectives.bus_factor(op, 4) for op in collectives.OPS} == expected
+    assert collectives.bus_factor("all_reduce", 2) == 1.0
+    with pytest.raises(ValueError):
+        collectives.bus_factor("all_mystery", 2)
+
+
+def test_alpha_beta_fit_recovers_a_known_line_and_stays_non_negative():
+    sizes = [4096 * 4 ** i for i in range(6)]
+    alpha, bandwidth = collectives.fit_alpha_beta(sizes, [50e-6 + s / 2e9 for s in sizes])
+    assert alpha == pytest.approx(50e-6, rel=1e-6) and bandwidth == pytest.approx(2e9, rel=1e-6)
+    flat_alpha, flat_bw = collectives.fit_alpha_beta(sizes, [1e-3] * len(sizes))  # no slope at all
+    assert flat_alpha >= 0 and 0 < flat_bw < float("inf")
+    zero_alpha, _ = collectives.fit_alpha_beta(sizes, [s / 1e9 for s in sizes])  # no latency
+    assert zero_alpha >= 0
+
+
+@pytest.mark.timeout(120)
+def test_collectives_tiny_run_is_consistent_and_json_clean():
+    result = collectives.run(_args(collectives, ["--world-sizes", "2", "3", "--max-bytes", "16384",
+                                                 "--iters", "1", "--repeat", "1"]))
+    _check_collective_rows(result.rows, [2, 3], num_sizes=2)
+    text = json.dumps(result.to_dict(), allow_nan=False)  # no NaN/Infinity: strict JSON
+    assert json.loads(text)["name"].startswith("collectives")
+    for fit in collectives.fits(result.rows):
+        assert fit["latency_us"] >= 0 and fit["algbw_GBps"] > 0
+        assert fit["busbw_GBps"] == pytest.approx(fit["algbw_GBps"] * collectives.bus_factor(fit["collective"], fit["ranks"]))
+    assert all(v >= 0 for v in result.ratios.values()) and any("3 ranks" in k for k in result.ratios)
+
+
+@pytest.mark.timeout(180)
+def test_dp_tiny_run_and_ratios_match_rows():
+    result = dp.run(_args(dp, ["--batch-size", "8", "--steps", "1", "--repeat", "1"]))
+    assert [r["setup"].split(",")[0] for r in result.rows] == ["single process", "DataParallel", "DDP"]
+    for row in result.rows:
+        assert row["step_ms"] > 0
+        assert row["samples_per_s"] == pytest.approx(8 / (row["step_ms"] / 1e3))
+    single, dataparallel, ddp = (r["samples_per_s"] for r in result.rows)
+    assert result.ratios["DDP throughput / DataParallel throughput"] == pytest.approx(ddp / dataparallel)
+    assert result.ratios["DDP throughput / single-process throughput"] == pytest.approx(ddp / single)
+    json.dumps(result.to_dict(), allow_nan=False)
+
+
+@pytest.mark.timeout(180)
+def test_command_line_writes_json_and_plot(tmp_path):
+    out, png = tmp_path / "run.json", tmp_path / "run.png"
+    subprocess.run([sys.executable, "-m", "ddp_tutorial.bench", "collectives", "--world-sizes", "2",
+                    "--ops", "all_reduce", "broadcast", "--max-bytes", "4096", "--iters", "1",
+                    "--repeat", "1", "--json", str(out), "--plot", str(png)],
+                   check=True, capture_output=True, text=True, timeout=170)
+    (result,) = json.loads(out.read_text())
+    assert result["columns"] == collectives.COLUMNS
+    assert [r["collective"] for r in result["rows"]] == ["all_reduce", "broadcast"]
+    assert png.stat().st_size > 0
