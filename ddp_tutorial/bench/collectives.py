@@ -173,13 +173,33 @@ def run(args: argparse.Namespace) -> Result:
                        f"1 thread per rank", columns=COLUMNS, rows=rows, ratios=ratios, notes=notes)
 
 
-def plot(result: Result, ax) -> None:
-    n_max = max(r["ranks"] for r in result.rows)
+def plot(result: Result, ax, ranks: int | None = None) -> None:
+    """busbw against message size, one line per collective, for ``ranks`` (default: the most)."""
+    ranks = ranks or max(r["ranks"] for r in result.rows)
     for op in dict.fromkeys(r["collective"] for r in result.rows):
-        mine = [r for r in result.rows if r["collective"] == op and r["ranks"] == n_max]
+        mine = [r for r in result.rows if r["collective"] == op and r["ranks"] == ranks]
         ax.plot([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine], marker="o", label=op)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
+    ax.set_yscale("log")  # latency-bound small messages rise with slope 1, then bandwidth flattens
     ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(f"collectives, {n_max} ranks")
+    ax.set_title(f"collectives, {ranks} ranks")
     ax.legend(fontsize=7)
+
+
+def plot_latency(result: Result, ax) -> None:
+    """The fitted latency (alpha) of each collective, one bar per world size."""
+    fitted = fits(result.rows)
+    ops = list(dict.fromkeys(f["collective"] for f in fitted))
+    sizes = sorted({f["ranks"] for f in fitted})
+    width = 0.8 / len(sizes)
+    for i, n in enumerate(sizes):
+        values = {f["collective"]: f["latency_us"] for f in fitted if f["ranks"] == n}
+        ax.bar([k + i * width for k in range(len(ops))], [values.get(op, 0) for op in ops], width,
+               label=f"{n} ranks")
+    ax.set_xticks([k + width * (len(sizes) - 1) / 2 for k in range(len(ops))], ops, rotation=45,
+                  ha="right", fontsize=8)
+    ax.set_ylabel("latency alpha (us)")
+    ax.set_yscale("log")
+    ax.set_title("fitted latency per call")
+    ax.legend()
