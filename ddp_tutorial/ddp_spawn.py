@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import os
 import tempfile
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -38,10 +39,10 @@ def _device() -> torch.device:
     return choose_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())), dist.get_backend())
 
 
-def wrap(model: nn.Module, device: torch.device) -> DDP:
+def wrap(model: nn.Module, device: torch.device, process_group: dist.ProcessGroup | None = None) -> DDP:
     """Move ``model`` to this rank's device and wrap it; DDP broadcasts rank 0's weights here."""
     model = model.to(device)
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=process_group)
 
 
 def checksum(module: nn.Module) -> float:
@@ -94,8 +95,8 @@ def regression_data(num_samples: int = 64, seed: int = 0, dtype: torch.dtype = t
     """A fixed synthetic regression set for ToyModel: y = x @ W + noise."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(num_samples, 10, generator=g, dtype=torch.float64)
-    y = x @ torch.randn(10, 5, generator=g, dtype=torch.float64) + 0.1 * torch.randn(num_samples, 5, generator=g,
-                                                                                     dtype=torch.float64)
+    weight = 0.3 * torch.randn(10, 5, generator=g, dtype=torch.float64)
+    y = x @ weight + 0.1 * torch.randn(num_samples, 5, generator=g, dtype=torch.float64)
     return TensorDataset(x.to(dtype), y.to(dtype))
 
 
@@ -190,49 +191,55 @@ def _counting_allreduce(state, bucket):  # no annotations: DDP checks them and o
     return default_hooks.allreduce_hook(None, bucket)
 
 
-def accumulate(rank: int, world_size: int, micro_batches: int = 4, use_no_sync: bool = True) -> dict:
-    """Gradient accumulation over ``micro_batches``; with ``no_sync`` only the last backward communicates."""
+def accumulate(rank: int, world_size: int, micro_batches: int = 4) -> dict:
+    """Gradient accumulation over ``micro_batches``, with and without ``no_sync``: all-reduces and gradients."""
     device = _device()
-    torch.manual_seed(0)
-    model = wrap(ToyModel(), device)
-    counter = {"all_reduces": 0}
-    model.register_comm_hook(counter, _counting_allreduce)
     g = torch.Generator().manual_seed(rank)
     batches = [torch.randn(4, 10, generator=g).to(device) for _ in range(micro_batches)]
-    for i, x in enumerate(batches):
-        last = i == micro_batches - 1
-        context = model.no_sync() if use_no_sync and not last else contextlib.nullcontext()
-        with context:  # inside no_sync, gradients just add up locally in param.grad
-            (model(x).pow(2).mean() / micro_batches).backward()
-    grads = [p.grad.cpu() for p in model.parameters()]
-    return {"all_reduces": counter["all_reduces"], "grads": grads}
+    results = {}
+    for use_no_sync in (True, False):
+        torch.manual_seed(0)
+        model = wrap(ToyModel(), device)
+        counter = {"all_reduces": 0}
+        model.register_comm_hook(counter, _counting_allreduce)
+        for i, x in enumerate(batches):
+            last = i == micro_batches - 1
+            context = model.no_sync() if use_no_sync and not last else contextlib.nullcontext()
+            with context:  # inside no_sync, gradients just add up locally in param.grad
+                (model(x).pow(2).mean() / micro_batches).backward()
+        results["no_sync" if use_no_sync else "every step"] = {
+            "all_reduces": counter["all_reduces"], "grads": [p.grad.cpu() for p in model.parameters()]}
+    return results
 
 
 def uneven_inputs(rank: int, world_size: int, use_join: bool = True, num_batches: int = 3,
                   collective_timeout: float = 60.0) -> dict:
-    """Rank r has ``num_batches + r`` batches. Spawn with ``init_process_group=False``.
+    """Rank r has ``num_batches + r`` batches; the ranks that finish first go on to a ``barrier``.
 
-    Without ``Join`` the ranks that run out of data move on (here: to the
-    end-of-epoch ``barrier``) while the others wait in an all-reduce that never
-    completes: a hang, until ``collective_timeout`` seconds pass and the
-    collective raises. ``Join`` lets finished ranks shadow the missing
-    all-reduces until everyone is done.
+    Without ``Join`` a rank with more batches waits in an all-reduce that no
+    other rank joins: a hang, until DDP's group times out after
+    ``collective_timeout`` seconds and raises. ``Join`` lets finished ranks
+    shadow the missing all-reduces until everyone is done.
     """
-    with distributed(timeout=collective_timeout) as (_info, device):
-        torch.manual_seed(0)
-        model = wrap(ToyModel(), device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        g = torch.Generator().manual_seed(rank)
-        steps = 0
-        with Join([model]) if use_join else contextlib.nullcontext():
-            for _ in range(num_batches + rank):
-                optimizer.zero_grad()
-                model(torch.randn(4, 10, generator=g).to(device)).pow(2).mean().backward()
-                optimizer.step()
-                steps += 1
-        print(f"rank {rank} finished its {steps} batches")
-        dist.barrier()
-        return {"steps": steps, "checksum": checksum(model.module)}
+    device = _device()
+    import torch._dynamo  # noqa: F401  DDP imports it (seconds); here, before the short timeout applies
+    dist.barrier()
+    # DDP gets its own group: its timeout is how long a rank waits for a partner that never comes.
+    group = dist.new_group(timeout=timedelta(seconds=collective_timeout))
+    torch.manual_seed(0)
+    model = wrap(ToyModel(), device, process_group=group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    steps = 0
+    with Join([model]) if use_join else contextlib.nullcontext():
+        for _ in range(num_batches + rank):
+            optimizer.zero_grad()
+            model(torch.randn(4, 10, generator=g).to(device)).pow(2).mean().backward()
+            optimizer.step()
+            steps += 1
+    print(f"rank {rank} finished its {steps} batches")
+    dist.barrier()  # end of the epoch, on the default group
+    return {"steps": steps, "checksum": checksum(model.module)}
 
 
 # ----------------------------------------------------------------- the classic mp.spawn recipe

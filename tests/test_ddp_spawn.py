@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -71,22 +73,33 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path):
 
 
 def test_no_sync_communicates_once_and_gives_the_same_gradients():
-    synced = spawn(d.accumulate, 2, args=(4, True), timeout=90)
-    every_step = spawn(d.accumulate, 2, args=(4, False), timeout=90)
-    assert [r["all_reduces"] for r in synced] == [1, 1]
-    assert [r["all_reduces"] for r in every_step] == [4, 4]
-    for a, b, c in zip(synced[0]["grads"], synced[1]["grads"], every_step[0]["grads"]):
+    results = spawn(d.accumulate, 2, args=(4,), timeout=90)
+    assert [r["no_sync"]["all_reduces"] for r in results] == [1, 1]
+    assert [r["every step"]["all_reduces"] for r in results] == [4, 4]
+    local = [r["no_sync"]["grads"][0] for r in results]
+    assert not torch.equal(local[0], torch.zeros_like(local[0]))
+    for a, b, c in zip(results[0]["no_sync"]["grads"], results[1]["no_sync"]["grads"], results[0]["every step"]["grads"]):
         torch.testing.assert_close(a, b, atol=0, rtol=0)  # averaged: equal on both ranks
         torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_join_finishes_with_uneven_inputs(world_size):
-    results = spawn(d.uneven_inputs, world_size, args=(True,), init_process_group=False, timeout=90)
+    results = spawn(d.uneven_inputs, world_size, args=(True, 3, 30.0), timeout=90)
     assert [r["steps"] for r in results] == [3 + rank for rank in range(world_size)]
     assert len({r["checksum"] for r in results}) == 1  # the final weights agree
 
 
 def test_uneven_inputs_without_join_hang_until_the_collective_timeout():
-    with pytest.raises(WorkerError, match="[Tt]imed out"):
-        spawn(d.uneven_inputs, 2, args=(False, 3, 3.0), init_process_group=False, timeout=90)
+    with pytest.raises(WorkerError, match="[Tt]imed out") as info:
+        spawn(d.uneven_inputs, 2, args=(False, 3, 3.0), timeout=90)
+    assert info.value.rank == 1  # the rank with the extra batch waits in vain
+
+
+def test_module_runs_alone_with_mp_spawn():
+    # `python -m ddp_tutorial.ddp_spawn`: the plain torch.multiprocessing.spawn recipe
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-m", "ddp_tutorial.ddp_spawn", "--num-steps", "2"], env=env,
+                         capture_output=True, text=True, timeout=150)
+    assert out.returncode == 0, out.stderr
+    assert "2 ranks, gloo: final weights checksum" in out.stdout or "2 ranks, nccl" in out.stdout
