@@ -32,7 +32,7 @@ from ddp_tutorial.env import choose_device, distributed, rank_info
 from ddp_tutorial.models import DeepMLP, SharedLayerNet, ToyModel
 
 __all__ = ["NaiveDDP", "FlatDDP", "BucketedDDP", "assign_buckets", "make_model", "WRAPPERS",
-           "compare_with_torch_ddp"]
+           "grad_ready_order", "compare_with_torch_ddp"]
 
 
 class _FromScratchDDP(nn.Module):
@@ -203,6 +203,19 @@ class BucketedDDP(_FromScratchDDP):
 WRAPPERS = {"naive": NaiveDDP, "flat": FlatDDP, "bucketed": BucketedDDP}
 
 
+def grad_ready_order(model: nn.Module, x: torch.Tensor) -> list[str]:
+    """Names of the parameters in the order their gradients become final during one backward (one process)."""
+    order: list[str] = []
+    handles = [p.register_post_accumulate_grad_hook(lambda p, name=name: order.append(name))
+               for name, p in model.named_parameters()]
+    try:
+        model(x).square().mean().backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return order
+
+
 def make_model(name: str, seed: int, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, tuple[int, int]]:
     """A model by name and its (in, out) features: ``toy``, ``shared`` (a layer used twice + BatchNorm), ``mlp`` (small), ``big`` (~1M, deep)."""
     torch.manual_seed(seed)
@@ -210,7 +223,7 @@ def make_model(name: str, seed: int, dtype: torch.dtype = torch.float32) -> tupl
         "toy": lambda: (ToyModel(), (10, 5)),
         "shared": lambda: (SharedLayerNet(), (8, 2)),
         "mlp": lambda: (DeepMLP(16, 32, 3, 4), (16, 4)),
-        "big": lambda: (DeepMLP(128, 256, 14, 10), (128, 10)),  # 0.92M parameters in 34 tensors
+        "big": lambda: (DeepMLP(128, 256, 14, 10), (128, 10)),  # 0.92M parameters in 32 tensors
     }[name]()
     return model.to(dtype), shape
 

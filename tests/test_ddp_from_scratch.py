@@ -128,3 +128,11 @@ def test_first_bucket_is_small_like_torch_ddp():
     params = [torch.zeros(n) for n in (200_000, 200_000, 200_000, 10)]  # 0.8 MB each
     assert assign_buckets(params, 25) == [[3, 2, 1, 0]]
     assert assign_buckets(params, 25, first_bucket_mb=1.0) == [[3, 2], [1, 0]]
+
+
+def test_fit_overhead_model_never_returns_negative_constants():
+    # Noisy data whose best unconstrained line has a negative intercept.
+    latency, bandwidth = fit_overhead_model([1, 1, 1], [1e3, 1e6, 2e6], [1e-6, 2e-3, 4.5e-3])
+    assert latency == 0.0 and bandwidth > 0
+    latency, bandwidth = fit_overhead_model([1, 2, 4], [1e6, 1e6, 1e6], [1e-3, 2e-3, 4e-3])
+    assert latency == pytest.approx(1e-3) and bandwidth > 0

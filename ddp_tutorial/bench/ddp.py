@@ -1,6 +1,6 @@
 """``bench ddp``: step time of the from-scratch DDPs against torch DDP (``07_ddp_from_scratch``).
 
-A ~1M-parameter ``DeepMLP`` (0.92M in 34 tensors), 2 ranks (gloo on CPU, nccl on GPUs), SGD steps of
+A ~1M-parameter ``DeepMLP`` (0.92M in 32 tensors), 2 ranks (gloo on CPU, nccl on GPUs), SGD steps of
 forward + backward + update. Rows: ``local`` (no communication at all: the floor),
 torch DDP, ``BucketedDDP``, ``FlatDDP``, ``NaiveDDP``. The workers here also feed the
 notebook's bucket-size sweep, latency/bandwidth fit and overlap timeline.
@@ -83,7 +83,7 @@ def step_times(rank: int, world_size: int, kinds: tuple[str, ...] = KINDS, steps
     return {k: {"best": min(v), "median": sorted(v)[len(v) // 2]} for k, v in seen.items()}
 
 
-def allreduce_times(rank: int, world_size: int, numels: list[int], repeat: int = 7) -> list[float]:
+def allreduce_times(rank: int, world_size: int, numels: list[int], repeat: int = 15) -> list[float]:
     """Best seconds of one blocking all-reduce of a float32 tensor of each size."""
     device = _device()
     out = []
@@ -103,7 +103,7 @@ def allreduce_times(rank: int, world_size: int, numels: list[int], repeat: int =
 
 
 def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 3, repeat: int = 3,
-                 batch_size: int = 32, seed: int = 0) -> list[dict[str, float]]:
+                 batch_size: int = 32, seed: int = 0, comm_repeat: int = 10) -> list[dict[str, float]]:
     """For each bucket cap: the number of buckets, BucketedDDP's step time, and the time of its
     buckets' all-reduces done one after another with nothing to overlap (communication alone)."""
     rows = []
@@ -112,7 +112,7 @@ def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 
         model, _ = make_model("big", seed)
         buckets = BucketedDDP(model.to(_device()), bucket_cap_mb=cap)
         comm = float("inf")
-        for i in range(repeat + 1):
+        for i in range(comm_repeat + 1):
             dist.barrier()
             start = time.perf_counter()
             for flat in buckets._flat:
@@ -128,31 +128,45 @@ def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 
 
 
 def fit_overhead_model(calls: list[float], nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
-    """Least-squares fit of ``seconds = calls * latency + bytes / bandwidth``; returns (latency s, bandwidth B/s)."""
+    """Least-squares fit of ``seconds = calls * latency + bytes / bandwidth``; returns (latency s, bandwidth B/s).
+
+    Neither constant may be negative: when noise pushes one below zero it is fixed at
+    zero (bandwidth infinite) and the other one is fitted alone.
+    """
     a = torch.tensor([calls, nbytes], dtype=torch.float64).T
     b = torch.tensor(seconds, dtype=torch.float64).unsqueeze(1)
     latency, inv_bw = torch.linalg.lstsq(a, b).solution.squeeze(1).tolist()
-    return latency, 1.0 / inv_bw
+    if latency < 0:
+        latency, inv_bw = 0.0, torch.linalg.lstsq(a[:, 1:], b).solution.item()
+    elif inv_bw <= 0:
+        latency, inv_bw = torch.linalg.lstsq(a[:, :1], b).solution.item(), 0.0
+    return latency, (1.0 / inv_bw if inv_bw > 0 else float("inf"))
 
 
 def timeline(rank: int, world_size: int, bucket_cap_mb: float = 1.0, batch_size: int = 32,
-             seed: int = 0) -> dict:
-    """One recorded BucketedDDP step: when each gradient was ready, when each bucket's all-reduce
-    started and finished, all in seconds from the start of backward."""
+             num_steps: int = 5, seed: int = 0) -> dict:
+    """A recorded BucketedDDP backward: when each gradient was ready, when each bucket's all-reduce
+    started and finished, in seconds from the start of backward. Of ``num_steps`` steps the one
+    that was slowest on no rank is kept: the least disturbed by other programs."""
     device = _device()
     model, (n_in, n_out) = make_model("big", seed)
     ddp = BucketedDDP(model.to(device), bucket_cap_mb=bucket_cap_mb, record_events=True)
     gen = torch.Generator().manual_seed(seed + rank)
     x = torch.randn(batch_size, n_in, generator=gen).to(device)
     y = torch.randn(batch_size, n_out, generator=gen).to(device)
-    for _ in range(3):  # warm-up; the last step is the one recorded
+    records = []
+    for step in range(2 + num_steps):  # 2 warm-up steps
         loss = nn.functional.mse_loss(ddp(x), y)
         dist.barrier()
         start = time.perf_counter()
         loss.backward()
         end = time.perf_counter()
-    events = [(kind, index, t - start) for kind, index, t in ddp.events]
-    result = {"events": events, "backward": end - start, "buckets": ddp.buckets,
+        if step >= 2:
+            records.append((end - start, [(kind, index, t - start) for kind, index, t in ddp.events]))
+    slowest = torch.tensor([r[0] for r in records], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    backward, events = records[int(slowest.argmin())]
+    result = {"events": events, "backward": backward, "buckets": ddp.buckets,
               "names": [name for name, _ in model.named_parameters()]}
     del ddp
     gc.collect()
@@ -171,7 +185,7 @@ def run(args: argparse.Namespace) -> Result:
     rows = [{"model": names[k], "best ms/step": 1e3 * best[k], "median ms/step": 1e3 * median[k],
              "best / torch DDP": best[k] / best["torch"]} for k in KINDS]
     return Result(
-        name=f"ddp: DeepMLP 0.92M params in 34 tensors, {n} ranks, batch {args.batch_size}/rank, "
+        name=f"ddp: DeepMLP 0.92M params in 32 tensors, {n} ranks, batch {args.batch_size}/rank, "
              f"bucket_cap_mb={args.bucket_cap_mb:g} ({args.repeat} rounds x {args.steps} steps)",
         columns=["model", "best ms/step", "median ms/step", "best / torch DDP"],
         rows=rows,
