@@ -21,6 +21,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -169,7 +170,7 @@ def lifecycle(rank: int, world_size: int) -> list[tuple[str, str]]:
 # ------------------------------------------- starting ranks without launch.spawn
 
 
-def classic_worker(rank: int, world_size: int, port: int, results) -> None:
+def classic_worker(rank: int, world_size: int, port: int, results: Any) -> None:
     """What each rank runs under ``multiprocessing.Process`` or ``mp.spawn``: set up, work, report."""
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = LOCALHOST, str(port)
     backend = choose_backend(local_world_size=world_size)
@@ -214,11 +215,11 @@ def launch_with_mp_spawn(world_size: int = 2, timeout: float = 60.0) -> list:
     return [value for _, value in sorted(results.get() for _ in range(world_size))]
 
 
-def raw_mp_spawn(fn, nprocs: int = 2, timeout: float = 60.0) -> None:
+def raw_mp_spawn(fn: Callable[[int, int], Any], nprocs: int = 2, timeout: float = 60.0) -> None:
     """``torch.multiprocessing.spawn(fn)`` with the children's stderr captured.
 
     For a worker defined in a notebook the children die before ``fn`` runs;
-    the error then quotes the last line they printed (02 shows this on purpose).
+    the error then quotes the error line they printed (02 shows this on purpose).
     """
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")
     level = spawn_log.level
@@ -252,6 +253,7 @@ def _join(context, timeout: float) -> None:
         if time.monotonic() > deadline:
             for p in context.processes:
                 p.kill()
+                p.join()
             raise TimeoutError(f"mp.spawn ranks still running after {timeout:g} s")
 
 
