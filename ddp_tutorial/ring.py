@@ -129,7 +129,19 @@ def _ring(flat: torch.Tensor, op, group, piece_bytes: int = PIECE_BYTES, depth: 
         return into, dist.irecv(into, src=left, group=group)
 
     sends = [dist.isend(flat[a:b], dst=right, group=group) for a, b in pieces(rank)]
-    posted = [post(i) for i in range(min(depth + 1, len(jobs)))]
+    posted, next_post = [], 0
+
+    def post_ahead(i: int) -> None:
+        # Keep ``depth`` receives waiting beyond job i. All-gather pieces need no scratch
+        # slot, so once we reach them all are posted at once (still in order: peers match
+        # receives to sends in posting order, and NCCL ignores tags).
+        nonlocal next_post
+        while next_post < len(jobs) and (next_post <= i + depth
+                                         or (snapshot is None and next_post >= reducing_jobs)):
+            posted.append(post(next_post))
+            next_post += 1
+
+    post_ahead(0)
     for i, (t, a, b) in enumerate(jobs):
         into, work = posted.pop(0)
         work.wait()
@@ -141,8 +153,7 @@ def _ring(flat: torch.Tensor, op, group, piece_bytes: int = PIECE_BYTES, depth: 
             sends.append(dist.isend(flat[a:b], dst=right, group=group))
         if snapshot is not None and (i + 1 == len(jobs) or jobs[i + 1][0] != t):
             snapshot(t)
-        if i + depth + 1 < len(jobs):  # keep ``depth`` receives waiting ahead of the one in use
-            posted.append(post(i + depth + 1))
+        post_ahead(i + 1)
     for work in sends:
         work.wait()
 

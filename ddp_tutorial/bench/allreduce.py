@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, metavar="BYTES")
     parser.add_argument("--repeat", type=int, default=9,
-                        help="timings per point, the best is kept (3x as many at 16 MB, the headline)")
+                        help="timings per point, the best is kept (5x as many at 16 MB, the headline)")
     parser.add_argument("--piece-bytes", type=int, default=PIECE_BYTES, help="ring pipelining piece")
 
 
@@ -56,7 +56,7 @@ def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
         best = {name: float("inf") for name in impls}
         for name, fn in impls.items():  # warm-up: connections, allocator
             fn()
-        for i in range(repeat * (3 if size == HEADLINE else 1)):
+        for i in range(repeat * (5 if size == HEADLINE else 1)):
             order = list(impls) if i % 2 == 0 else list(reversed(impls))  # alternate: fair under load
             for name in order:
                 dist.barrier()
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> Result:
                 ratios[f"ring/dist busbw at 16 MB, {n} ranks"] = row["ring/dist"]
                 ratios[f"memcpy / dist busbw at 16 MB, {n} ranks"] = copy_gbps / row["dist_busbw"]
     return Result(
-        name=f"allreduce: float32 SUM on gloo, busbw in GB/s (best of {args.repeat}, of {3 * args.repeat} at 16 MB)",
+        name=f"allreduce: float32 SUM on gloo, busbw in GB/s (best of {args.repeat}, of {5 * args.repeat} at 16 MB)",
         columns=["world_size", "size", "ring_s", "dist_s", "ring_busbw", "dist_busbw", "ring/dist"],
         rows=rows, ratios=ratios,
         notes=[f"memcpy (1 thread, 64 MB): {copy_gbps:.3g} GB/s",
