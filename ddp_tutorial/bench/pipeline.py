@@ -34,11 +34,14 @@ def run(args: argparse.Namespace) -> Result:
     torch.manual_seed(0)
     model = ToyMpModel(*devices, args.width, args.width, args.width)
     counts = sorted(set(args.micro) | {1})
-    rows = []
-    for m in counts:
-        r = measure_pipeline(m, args.batch_size, repeat=args.repeat, model=model)
-        rows.append({"micro_batches": m, "ms": r["seconds"] * 1e3, "idle": r["idle"],
-                     "ideal_idle": bubble_fraction(2, m)})
+    best: dict[int, dict] = {}
+    for _ in range(args.repeat):  # round-robin, so a busy spell on the machine hits every M alike
+        for m in counts:
+            r = measure_pipeline(m, args.batch_size, repeat=1, model=model)
+            if m not in best or r["seconds"] < best[m]["seconds"]:
+                best[m] = r
+    rows = [{"micro_batches": m, "ms": best[m]["seconds"] * 1e3, "idle": best[m]["idle"],
+             "ideal_idle": bubble_fraction(2, m)} for m in counts]
     naive = rows[0]["ms"]
     for row in rows:
         row["speedup"] = naive / row["ms"]
