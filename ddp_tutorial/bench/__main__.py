@@ -8,7 +8,7 @@ import json
 import sys
 
 # Subcommand -> module in this package. Each lesson's benchmark lives in its own module.
-SUBCOMMANDS = ["launch", "allreduce", "ddp", "pipeline", "collectives", "dp"]
+SUBCOMMANDS = ["launch", "allreduce", "ddp", "pipeline", "collectives", "dp", "train"]
 
 
 def _load(name: str):

@@ -1,0 +1,103 @@
+"""``bench train``: training throughput of 2 processes over 1 process, one thread each.
+
+The same ``train.build`` as ``python -m ddp_tutorial.train`` (DDP, DistributedSampler,
+SGD), timed in the workers after a warm-up: samples per second summed over ranks,
+best of ``--repeat`` windows. Perfect scaling is 2x (efficiency 1.0); the cost of
+all-reducing the gradients every step is what keeps it below. Used by
+``12_performance`` and ``10_train_end_to_end``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ddp_tutorial.bench.common import Result
+from ddp_tutorial.env import choose_device
+from ddp_tutorial.launch import spawn
+from ddp_tutorial.train import TrainConfig, build
+
+HELP = "DDP training throughput, 2 processes vs 1 (one thread each), digits and fake 32x32"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=60, help="timed steps per window (digits)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed windows; the best one counts")
+    parser.add_argument("--digits-batch-size", type=int, default=64, help="per process")
+    parser.add_argument("--fake-batch-size", type=int, default=32, help="per process")
+
+
+def measure(rank: int, world_size: int, config: TrainConfig, steps: int, repeat: int) -> dict:
+    """Worker: warm up, then time ``repeat`` windows of ``steps`` optimizer steps; samples/s over all ranks."""
+    device = choose_device(rank, dist.get_backend())
+    setup = build(config, rank, world_size, device)
+    setup.ddp.train()
+
+    def batches():
+        epoch = 0
+        while True:
+            setup.train_loader.sampler.set_epoch(epoch)
+            yield from setup.train_loader
+            epoch += 1
+
+    source = batches()
+
+    def step() -> None:
+        x, y = next(source)
+        setup.optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(setup.ddp(x.to(device)), y.to(device)).backward()
+        setup.optimizer.step()
+
+    for _ in range(5):
+        step()
+    best = float("inf")
+    for _ in range(repeat):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        best = min(best, elapsed.item())
+    samples = steps * config.batch_size * world_size
+    return {"samples_per_s": samples / best, "ms_per_step": 1000 * best / steps}
+
+
+def run(args: argparse.Namespace) -> Result:
+    cases = [("digits", TrainConfig(dataset="digits", batch_size=args.digits_batch_size, log=False), args.steps),
+             ("fake 32x32", TrainConfig(dataset="fake", num_samples=1024, image_size=32,
+                                        batch_size=args.fake_batch_size, log=False), max(5, args.steps // 3))]
+    rows, ratios, notes = [], {}, []
+    for name, config, steps in cases:
+        rates = {}
+        for world_size in (1, 2):
+            out = spawn(measure, world_size, args=(config, steps, args.repeat), threads=1, quiet=True,
+                        timeout=600)[0]
+            rates[world_size] = out["samples_per_s"]
+            rows.append({"data": name, "processes": world_size, "batch/process": config.batch_size,
+                         "samples/s": out["samples_per_s"], "ms/step": out["ms_per_step"]})
+        ratio = rates[2] / rates[1]
+        ratios[f"{name}: throughput 2 procs / 1 proc"] = ratio
+        notes.append(f"{name}: scaling efficiency {ratio / 2:.0%} (ratio / 2 processes)")
+    notes.append("target: ratio >= 1.6 on both; one thread per process, CPU, gloo")
+    return Result(name="train: DDP training throughput, 1 thread per process",
+                  columns=["data", "processes", "batch/process", "samples/s", "ms/step"],
+                  rows=rows, ratios=ratios, notes=notes)
+
+
+def plot(result: Result, ax) -> None:
+    names = sorted({r["data"] for r in result.rows})
+    width = 0.38
+    for i, world_size in enumerate((1, 2)):
+        values = [next(r["samples/s"] for r in result.rows if r["data"] == n and r["processes"] == world_size)
+                  for n in names]
+        ax.bar([j + (i - 0.5) * width for j in range(len(names))], values, width, label=f"{world_size} process(es)")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_yscale("log")
+    ax.set_ylabel("training samples/s")
+    ax.set_title("DDP training throughput")
+    ax.legend()
