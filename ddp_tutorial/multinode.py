@@ -1,4 +1,4 @@
-"""What a launcher tells each process, and several nodes simulated on one machine (``08_torchrun``).
+"""What a launcher tells each process, several nodes on one machine, restarts and signals (``08_torchrun``).
 
 Every rank reports the variables torchrun set for it; rank 0 gathers the
 reports and prints one JSON line per rank (prefix ``WHOAMI``), so the output
@@ -22,17 +22,21 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Iterator, Mapping, Sequence
 
+import torch
 import torch.distributed as dist
 
-from ddp_tutorial.env import distributed
+from ddp_tutorial.env import RankInfo, choose_backend, distributed, set_device_for
 from ddp_tutorial.launch import LOCALHOST, TorchrunResult, free_port, torchrun, torchrun_command
 
 __all__ = ["LAUNCHER_VARS", "launcher_env", "resolve_local_rank", "report_ranks", "parse_reports", "log_lines",
-           "legacy_launch", "simulate_nodes", "run_and_stop", "main"]
+           "legacy_launch", "simulate_nodes", "run_and_stop", "restart_safe_group", "exit_on_sigterm", "main"]
 
 MARK = "WHOAMI "
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
@@ -155,6 +159,47 @@ def run_and_stop(module: str, args: Sequence[str], stop_when: str, nproc_per_nod
         except (ProcessLookupError, PermissionError):
             pass
     return TorchrunResult(proc.returncode, "".join(lines))
+
+
+@contextmanager
+def restart_safe_group(info: RankInfo, timeout: float = 300.0) -> Iterator[tuple[RankInfo, torch.device]]:
+    """``env.distributed()``, except that a torchrun restart gets fresh keys in the store.
+
+    torchrun keeps one store for the whole job. Without a prefix, the restarted
+    ranks can read the addresses the dead ones published and fail with
+    "Connection refused" (gloo's connectFullMesh).
+    """
+    if info.restart_count == 0 or dist.is_initialized():
+        with distributed(timeout=timeout) as pair:
+            yield pair
+        return
+    backend = choose_backend(local_world_size=info.local_world_size)
+    set_device_for(info.local_rank, backend)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=timeout))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{info.restart_count}/", store),
+                            rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=timeout))
+    try:
+        with distributed(timeout=timeout) as pair:  # sees the group and leaves it to us
+            yield pair
+    finally:
+        dist.destroy_process_group()
+
+
+def exit_on_sigterm() -> Any:
+    """Turn SIGTERM (torchrun stopping the job, a scheduler's time limit) into ``SystemExit``.
+
+    By default SIGTERM ends the process on the spot; as an exception it unwinds,
+    so a checkpoint being written removes its temporary file and the group is
+    destroyed. Returns the previous handler (None when not on the main thread).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def main(argv: list[str] | None = None) -> int:

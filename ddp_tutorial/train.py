@@ -22,11 +22,8 @@ import os
 import random
 import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -37,8 +34,9 @@ from torch.utils.data import DataLoader
 
 from ddp_tutorial.checkpoint import CheckpointError, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from ddp_tutorial.data import DATASETS, DataError, load_dataset, make_loaders
-from ddp_tutorial.env import NotLaunchedError, RankInfo, choose_backend, distributed, rank_info, set_device_for
+from ddp_tutorial.env import NotLaunchedError, rank_info
 from ddp_tutorial.models import TRAIN_MODELS, build_model
+from ddp_tutorial.multinode import exit_on_sigterm, restart_safe_group
 
 __all__ = ["TrainConfig", "ConfigError", "train", "evaluate", "seed_everything", "default_model", "main"]
 
@@ -182,9 +180,9 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
 
     A ``launch.spawn`` target, and the body of ``main()`` under torchrun or alone.
     """
-    previous = _exit_on_sigterm()
+    previous = exit_on_sigterm()
     try:
-        with _group_for_this_attempt(rank_info()) as (info, device):
+        with restart_safe_group(rank_info()) as (info, device):
             if (info.rank, info.world_size) != (rank, world_size):
                 raise RuntimeError(f"environment says rank {info.rank} of {info.world_size}, "
                                    f"caller says {rank} of {world_size}")
@@ -192,47 +190,6 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
-def _group_for_this_attempt(info: RankInfo, timeout: float = 300.0):
-    """``env.distributed()``, except that a torchrun restart gets fresh keys in the store.
-
-    torchrun keeps one store for the whole job. Without a prefix, the restarted
-    ranks can read the addresses the dead ones published and fail with
-    "Connection refused" (gloo's connectFullMesh).
-    """
-    if info.restart_count == 0 or dist.is_initialized():
-        with distributed(timeout=timeout) as pair:
-            yield pair
-        return
-    backend = choose_backend(local_world_size=info.local_world_size)
-    set_device_for(info.local_rank, backend)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=timeout))
-    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{info.restart_count}/", store),
-                            rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=timeout))
-    try:
-        with distributed(timeout=timeout) as pair:  # sees the group and leaves it to us
-            yield pair
-    finally:
-        dist.destroy_process_group()
-
-
-def _exit_on_sigterm():
-    """Turn SIGTERM (torchrun stopping the job, a scheduler's time limit) into ``SystemExit``.
-
-    By default SIGTERM ends the process on the spot; as an exception it unwinds,
-    so a checkpoint being written removes its temporary file and the group is
-    destroyed. Returns the previous handler (None when not on the main thread).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def stop(signum, _frame):
-        raise SystemExit(128 + signum)
-
-    return signal.signal(signal.SIGTERM, stop)
 
 
 def _fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int) -> dict:
