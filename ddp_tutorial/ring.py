@@ -31,9 +31,9 @@ __all__ = ["ring_all_reduce", "segment_bounds", "ring_trace", "compare_with_dist
 
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
 # Big enough that per-message overhead is small, small enough to pipeline a 16 MB tensor.
-PIECE_BYTES = 1 << 20
+PIECE_BYTES = 2 << 20
 # Receives posted ahead of the piece being reduced, so the network never waits for us.
-DEPTH = 2
+DEPTH = 1
 
 
 def segment_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
