@@ -99,16 +99,17 @@ def pass_token(rank: int, world_size: int, laps: int = 1) -> dict:
 def swap(rank: int, world_size: int, order: str, timeout: float = 2.0) -> dict:
     """Ranks 2k and 2k+1 swap a tensor; ``order`` says how. Run with ``spawn(init_process_group=False)``.
 
-    The group gets a ``timeout``-second limit so that a deadlock becomes an error
-    on each rank, reported as ``"stuck in <call>"``. It uses gloo, which raises;
-    NCCL's watchdog would abort the process instead.
+    The swap runs in a group with a ``timeout``-second limit, so that a deadlock
+    becomes an error on each rank, reported as ``"stuck in <call>"``. It uses gloo,
+    which raises; NCCL's watchdog would abort the process instead.
     """
     if order not in SWAP_ORDERS:
         raise ValueError(f"unknown order {order!r}; choose one of {SWAP_ORDERS}")
     if world_size % 2:
         raise ValueError(f"ranks swap in pairs: world_size must be even, got {world_size}")
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    # Meeting may take a while on a busy machine; only the swap gets the short limit.
+    pair = dist.new_group(timeout=timedelta(seconds=timeout))
     peer = rank ^ 1  # 0<->1, 2<->3, ...
     mine, theirs = torch.tensor([float(rank)]), torch.full((1,), -1.0)
     if order in ("nonblocking", "batched"):
@@ -120,11 +121,11 @@ def swap(rank: int, world_size: int, order: str, timeout: float = 2.0) -> dict:
     try:
         for step in steps:
             if step == "send":
-                dist.send(mine, peer)
+                dist.send(mine, peer, group=pair)
             elif step == "recv":
-                dist.recv(theirs, peer)
+                dist.recv(theirs, peer, group=pair)
             else:
-                for work in _post_both(order, mine, theirs, peer):
+                for work in _post_both(order, mine, theirs, peer, pair):
                     work.wait()
         outcome = f"got {theirs.item():.0f}"
     except RuntimeError as err:
@@ -138,11 +139,11 @@ def swap(rank: int, world_size: int, order: str, timeout: float = 2.0) -> dict:
     return {"rank": rank, "order": order, "outcome": outcome}
 
 
-def _post_both(order: str, mine: torch.Tensor, theirs: torch.Tensor, peer: int) -> list:
+def _post_both(order: str, mine: torch.Tensor, theirs: torch.Tensor, peer: int, group) -> list:
     if order == "nonblocking":
-        return [dist.isend(mine, peer), dist.irecv(theirs, peer)]
-    return dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer),
-                                   dist.P2POp(dist.irecv, theirs, peer)])
+        return [dist.isend(mine, peer, group=group), dist.irecv(theirs, peer, group=group)]
+    return dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer, group=group),
+                                   dist.P2POp(dist.irecv, theirs, peer, group=group)])
 
 
 def main() -> None:

@@ -131,15 +131,17 @@ def missed_collective(rank: int, world_size: int, timeout: float = 2.0) -> dict:
     """
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                           world_size, is_master=False, timeout=timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    # Every group has its own timeout. Meeting may take a while on a busy machine,
+    # so the short limit goes to a second group made for the collective.
+    group = dist.new_group(timeout=timedelta(seconds=timeout))
     try:
         if rank != 0:
             store.wait(["rank0_gave_up"])
             return {"rank": rank, "outcome": "never called all_reduce"}
         start = time.monotonic()
         try:
-            dist.all_reduce(torch.ones(1))
+            dist.all_reduce(torch.ones(1), group=group)
             outcome = "all_reduce finished"
         except RuntimeError as err:  # DistBackendError is a RuntimeError
             outcome = f"{type(err).__name__}: timed out" if "Timed out" in str(err) else str(err)
