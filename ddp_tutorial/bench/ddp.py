@@ -144,7 +144,7 @@ def fit_overhead_model(calls: list[float], nbytes: list[float], seconds: list[fl
 
 
 def timeline(rank: int, world_size: int, bucket_cap_mb: float = 1.0, batch_size: int = 32,
-             num_steps: int = 5, seed: int = 0) -> dict:
+             num_steps: int = 10, seed: int = 0) -> dict:
     """A recorded BucketedDDP backward: when each gradient was ready, when each bucket's all-reduce
     started and finished, in seconds from the start of backward. Of ``num_steps`` steps the one
     that was slowest on no rank is kept: the least disturbed by other programs."""
