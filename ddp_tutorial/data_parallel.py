@@ -17,10 +17,13 @@ is a label, so the mechanics (and their costs) are visible without GPUs.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Sequence
 
 import torch
 from torch import nn
+
+from ddp_tutorial.bench.common import timed
 
 
 class Broadcast(torch.autograd.Function):
@@ -136,33 +139,34 @@ class MiniDataParallel(nn.Module):
 
 
 def _best_of(fn, repeat: int) -> float:
-    from ddp_tutorial.bench.common import timed
-
     return timed(fn, repeat=repeat, warmup=1)
 
 
 def phase_seconds(module: nn.Module, batch: torch.Tensor, devices: Sequence[torch.device | str],
                   repeat: int = 5) -> dict[str, float]:
-    """Best time of each step of one training iteration of ``MiniDataParallel`` (forward + backward)."""
+    """Best time of each step of ``MiniDataParallel`` over ``repeat`` training iterations (forward + backward)."""
     devices = [torch.device(d) for d in devices]
-    inputs = scatter(batch, devices)
-    replicas = replicate(module, devices)
-    outputs = parallel_apply(replicas, inputs)
+    best: dict[str, float] = {}
 
-    def backward() -> None:
-        out = gather(parallel_apply(replicate(module, devices), inputs), devices[0])
-        out.sum().backward()
+    def clock(name: str, start: float) -> float:
+        now = time.perf_counter()
+        best[name] = min(best.get(name, float("inf")), now - start)
+        return now
 
-    times = {
-        "scatter": _best_of(lambda: scatter(batch, devices), repeat),
-        "replicate": _best_of(lambda: replicate(module, devices), repeat),
-        "parallel_apply": _best_of(lambda: parallel_apply(replicas, inputs), repeat),
-        "gather": _best_of(lambda: gather(outputs, devices[0]), repeat),
-    }
-    full = _best_of(backward, repeat)
-    times["backward + reduce"] = max(0.0, full - times["replicate"] - times["parallel_apply"] - times["gather"])
-    module.zero_grad(set_to_none=True)
-    return times
+    for _ in range(repeat + 1):  # the first round warms up
+        t = time.perf_counter()
+        inputs = scatter(batch, devices)
+        t = clock("scatter", t)
+        replicas = replicate(module, devices)
+        t = clock("replicate", t)
+        outputs = parallel_apply(replicas, inputs)
+        t = clock("parallel_apply", t)
+        out = gather(outputs, devices[0])
+        t = clock("gather", t)
+        out.sum().backward()  # includes the reduce: Broadcast's backward sums into param.grad
+        clock("backward + reduce", t)
+        module.zero_grad(set_to_none=True)
+    return best
 
 
 def replicate_seconds(module: nn.Module, num_replicas: int = 2, repeat: int = 5) -> float:

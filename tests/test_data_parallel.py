@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from ddp_tutorial.data_parallel import (MiniDataParallel, bytes_per_device, parallel_apply, replicate,
-                                        scatter)
+from ddp_tutorial.data_parallel import (MiniDataParallel, bytes_per_device, parallel_apply, phase_seconds,
+                                        replicate, replicate_seconds, scatter, thread_speedup)
 from ddp_tutorial.models import DeepMLP, SharedLayerNet, ToyModel
 
 pytestmark = pytest.mark.timeout(60)
@@ -142,3 +142,11 @@ def test_torch_dataparallel_without_gpus_is_the_plain_module():
     if torch.cuda.is_available():
         pytest.skip("with GPUs nn.DataParallel really scatters")
     torch.testing.assert_close(nn.DataParallel(model)(x), model(x))
+
+
+def test_cost_probes_return_times_for_every_phase():
+    phases = phase_seconds(ToyModel(), torch.randn(16, 10), CPU2, repeat=2)
+    assert list(phases) == ["scatter", "replicate", "parallel_apply", "gather", "backward + reduce"]
+    assert all(0 < s < 10 for s in phases.values())
+    assert 0 < replicate_seconds(ToyModel(), repeat=2) < 10
+    assert 0 < thread_speedup(ToyModel(), torch.randn(8, 10), repeat=2) < 100
