@@ -136,3 +136,20 @@ def test_fit_overhead_model_never_returns_negative_constants():
     assert latency == 0.0 and bandwidth > 0
     latency, bandwidth = fit_overhead_model([1, 2, 4], [1e6, 1e6, 1e6], [1e-3, 2e-3, 4e-3])
     assert latency == pytest.approx(1e-3) and bandwidth > 0
+
+
+def rank0_evaluates_alone(rank: int, world_size: int, kind: str) -> bool:
+    model, (n_in, _) = make_model("shared", seed=0)
+    wrapped = WRAPPERS[kind](model)
+    if rank == 0:  # a common pattern: only rank 0 evaluates; no collective may be waiting for the others
+        wrapped.eval()
+        with torch.no_grad():
+            wrapped(torch.randn(4, n_in))
+    dist.barrier()
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_no_buffer_broadcast_under_no_grad():
+    # The buffer broadcast lives in the shared base class: one wrapper is enough.
+    assert spawn(rank0_evaluates_alone, 2, args=("bucketed",), timeout=30) == [True, True]
