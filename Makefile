@@ -11,7 +11,6 @@ STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with tests/nbval_sanitize.cfg
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED = 0
-export MPLBACKEND = Agg
 
 .PHONY: install demo test unit nbval lab notebooks bench doctor clean
 

@@ -49,7 +49,9 @@ __all__ = ["spawn", "torchrun", "free_port", "WorkerError", "WorkerTimeout",
 
 LOCALHOST = "127.0.0.1"
 # Imported once by the forkserver, so forked children start with torch loaded.
-_PRELOAD = ["torch", "torch.distributed", "ddp_tutorial.launch"]
+# torch._dynamo too: DDP and the optimizers import it on first use, which costs
+# seconds in every child otherwise.
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddp_tutorial.launch"]
 
 
 class WorkerError(RuntimeError):
