@@ -41,7 +41,7 @@ def bus_factor(world_size: int) -> float:
 
 
 def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
-                   piece_bytes: int = PIECE_BYTES) -> list[dict]:
+                   piece_bytes: int = PIECE_BYTES, max_calls: int = 100) -> list[dict]:
     """Best seconds per all-reduce of float32 messages, ring vs ``dist.all_reduce`` (slowest rank counts)."""
     torch.manual_seed(rank)
     on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
@@ -50,7 +50,7 @@ def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
     for size in sizes:
         x = torch.randn(size // 4, device=on)
         # Small messages: average over several calls, or the timer's resolution dominates.
-        calls = max(1, min(100, (4 * MB) // size))
+        calls = max(1, min(max_calls, (4 * MB) // size))
         impls = {"ring": lambda: _ring(x, dist.ReduceOp.SUM, None, piece_bytes),
                  "dist": lambda: dist.all_reduce(x)}
         best = {name: float("inf") for name in impls}
@@ -90,10 +90,10 @@ def memcpy_bandwidth(nbytes: int = 64 * MB, repeat: int = 7) -> float:
 
 
 def sweep(world_size: int, sizes: list[int], repeat: int = 5, piece_bytes: int = PIECE_BYTES,
-          backend: str = "gloo") -> list[dict]:
+          backend: str = "gloo", max_calls: int = 100) -> list[dict]:
     """One row per size with seconds, algbw and busbw (GB/s) of both implementations."""
-    rows = spawn(measure_worker, world_size, args=(sizes, repeat, piece_bytes), backend=backend,
-                 timeout=600, quiet=True)[0]
+    rows = spawn(measure_worker, world_size, args=(sizes, repeat, piece_bytes, max_calls),
+                 backend=backend, timeout=600, quiet=True)[0]
     for row in rows:
         row["world_size"] = world_size
         for impl in ("ring", "dist"):
