@@ -289,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
 
         for title, name, fn_args in _DEMOS:
             print(f"{title}: {outcome(getattr(m, name), 2, fn_args, timeout=60.0)}", flush=True)
+        for flag in (False, True):
+            orders = [epoch_orders(r, 2, 3, set_epoch=flag) for r in range(2)]
+            print(f"set_epoch={flag}: rank 0 sees {orders[0]}")
+        from ddp_tutorial.checkpoint_pitfalls import main as checkpoint_demos
+
+        checkpoint_demos()
         print(f"port already in use: {store_on_busy_port()}")
         print(f"port 0 instead: free port found = {store_on_port_zero()}")
         run_process_demos()
