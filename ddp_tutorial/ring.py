@@ -15,8 +15,8 @@ segments travel once more around the ring. Each rank sends and receives
 bandwidth cost does not grow with the number of ranks.
 
 Segments are cut into pieces (``PIECE_BYTES``) that are forwarded as soon as they
-are reduced, and the receives of the next step are posted before the current
-step is worked on, so the network and the reduction overlap.
+are reduced, with ``DEPTH`` receives posted ahead of the piece being reduced (all
+of the all-gather's at once), so the network and the reduction overlap.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-__all__ = ["ring_all_reduce", "segment_bounds", "ring_trace", "compare_with_dist", "SUPPORTED_OPS", "PIECE_BYTES"]
+__all__ = ["ring_all_reduce", "segment_bounds", "ring_trace", "compare_with_dist", "SUPPORTED_OPS",
+           "PIECE_BYTES", "DEPTH"]
 
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
 # Big enough that per-message overhead is small, small enough to pipeline a 16 MB tensor.
@@ -175,7 +176,7 @@ def ring_trace(rank: int, world_size: int, numel: int | None = None) -> list[lis
 
 def compare_with_dist(rank: int, world_size: int, numel: int = 5,
                       dtype: torch.dtype = torch.float64) -> dict[str, tuple[list, bool]]:
-    """Each op on the same input through ``ring_all_reduce`` and ``dist.all_reduce``: (ring result, equal?)."""
+    """Each op on one input through ``ring_all_reduce`` and ``dist.all_reduce``: (ring result, equal?)."""
     on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     out = {}
     for op in SUPPORTED_OPS:

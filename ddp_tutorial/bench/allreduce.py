@@ -118,7 +118,8 @@ def run(args: argparse.Namespace) -> Result:
                 ratios[f"ring/dist busbw at 16 MB, {n} ranks"] = row["ring/dist"]
                 ratios[f"memcpy / dist busbw at 16 MB, {n} ranks"] = copy_gbps / row["dist_busbw"]
     return Result(
-        name=f"allreduce: float32 SUM on gloo, busbw in GB/s (best of {args.repeat}, of {5 * args.repeat} at 16 MB)",
+        name=(f"allreduce: float32 SUM on gloo, busbw in GB/s "
+              f"(best of {args.repeat}, of {5 * args.repeat} at 16 MB)"),
         columns=["world_size", "size", "ring_s", "dist_s", "ring_busbw", "dist_busbw", "ring/dist"],
         rows=rows, ratios=ratios,
         notes=[f"memcpy (1 thread, 64 MB): {copy_gbps:.3g} GB/s",
