@@ -46,7 +46,7 @@ def wrap(model: nn.Module, device: torch.device, process_group: dist.ProcessGrou
 
 
 def checksum(module: nn.Module) -> float:
-    """One number per model: equal on every rank exactly when the weights are (for our purposes)."""
+    """A fingerprint of the weights (their sum in float64): different weights practically never share it."""
     return sum(p.detach().double().sum().item() for p in module.parameters())
 
 
