@@ -149,7 +149,9 @@ def _ring(flat: torch.Tensor, op, group, piece_bytes: int = PIECE_BYTES, depth: 
         if i < reducing_jobs:
             combine(flat[a:b], into)
             if t == n - 2 and op == ReduceOp.AVG:
-                flat[a:b].div_(n)  # the owner finishes the mean before it is shared
+                # the owner finishes the mean before it is shared (complex: divide the
+                # real and imaginary parts, as gloo does, not by complex division)
+                (torch.view_as_real(flat[a:b]) if flat.is_complex() else flat[a:b]).div_(n)
         if t < 2 * n - 3:  # forward at once: this piece is what the right neighbour needs next
             sends.append(dist.isend(flat[a:b], dst=right, group=group))
         if snapshot is not None and (i + 1 == len(jobs) or jobs[i + 1][0] != t):

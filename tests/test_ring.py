@@ -76,6 +76,32 @@ def pipelining_worker(rank: int, world_size: int) -> list[str]:
     return problems
 
 
+def other_dtypes_worker(rank: int, world_size: int) -> list[str]:
+    """bool, uint8, int32, float16, bfloat16, complex64: equal where gloo answers, refused where it refuses."""
+    problems = []
+    for dtype in (torch.bool, torch.uint8, torch.int32, torch.float16, torch.bfloat16, torch.complex64):
+        for op in SUPPORTED_OPS:
+            g = torch.Generator().manual_seed(rank)
+            x = torch.randint(0, 3, (11,), generator=g).to(dtype)
+            expected = x.clone()
+            try:
+                dist.all_reduce(expected, op)
+            except (RuntimeError, ValueError):
+                expected = None
+            try:
+                ring_all_reduce(x, op)
+            except TypeError:
+                if expected is not None:
+                    problems.append(f"{dtype} {op.name}: refused, but dist.all_reduce answers")
+                continue
+            if expected is None:
+                if not (dtype.is_complex and op == ReduceOp.PRODUCT):  # the one extra the ring does
+                    problems.append(f"{dtype} {op.name}: answered, but dist.all_reduce refuses")
+            elif not torch.equal(x, expected):
+                problems.append(f"{dtype} {op.name}: {x.tolist()} != {expected.tolist()}")
+    return problems
+
+
 def subgroup_worker(rank: int, world_size: int) -> list[float]:
     """A ring over ranks 1..n-1 only; rank 0 is not a member and keeps its tensor."""
     group = dist.new_group(list(range(1, world_size)))
@@ -103,6 +129,11 @@ def test_random_floats_agree_and_every_rank_holds_the_same_bits(world_size):
     results = spawn(random_float_worker, world_size, backend="gloo", timeout=30)
     assert all(ok for _, ok in results)
     assert all(values == results[0][0] for values, _ in results)  # bitwise identical on all ranks
+
+
+@pytest.mark.timeout(60)
+def test_small_and_complex_dtypes_agree_with_dist_or_are_refused_like_it():
+    assert spawn(other_dtypes_worker, 3, backend="gloo", timeout=45) == [[]] * 3
 
 
 @pytest.mark.timeout(60)
