@@ -18,7 +18,7 @@ MODELS = ("toy", "shared", "mlp")  # shared: one layer used twice, and BatchNorm
 
 
 def compare_every_model(rank: int, world_size: int) -> dict:
-    # One launch for all models: the first torch DDP in a process pays seconds of imports.
+    # One launch for all models keeps the test short.
     # A 2 KB bucket cap splits even these small models into several buckets.
     return {m: compare_with_torch_ddp(rank, world_size, m, num_steps=5, bucket_cap_mb=0.002) for m in MODELS}
 

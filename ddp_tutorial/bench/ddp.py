@@ -53,34 +53,40 @@ def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     return step
 
 
-def step_times(rank: int, world_size: int, kinds: tuple[str, ...] = KINDS, steps: int = 5, repeat: int = 7,
-               batch_size: int = 32, bucket_cap_mb: float = 25.0, seed: int = 0) -> dict[str, dict[str, float]]:
-    """Seconds per step of each kind, ``best`` and ``median`` of ``repeat`` rounds of ``steps`` steps.
-
-    The kinds take turns round by round, so that noise from other programs hits them
-    alike; the best single step is the least disturbed one.
-    """
-    device = _device()
-    base, (n_in, n_out) = make_model("big", seed)
-    base.to(device)
+def _batch(rank: int, n_in: int, n_out: int, batch_size: int, seed: int, device: torch.device):
     gen = torch.Generator().manual_seed(seed + rank)
-    x = torch.randn(batch_size, n_in, generator=gen).to(device)
-    y = torch.randn(batch_size, n_out, generator=gen).to(device)
-    steppers = {k: _stepper(_wrap(k, copy.deepcopy(base), bucket_cap_mb), x, y) for k in kinds}
-    seen: dict[str, list[float]] = {k: [] for k in kinds}
+    return (torch.randn(batch_size, n_in, generator=gen).to(device),
+            torch.randn(batch_size, n_out, generator=gen).to(device))
+
+
+def _take_turns(steppers: dict, steps: int, repeat: int, device: torch.device) -> dict[str, dict[str, float]]:
+    """Time single steps of each stepper, taking turns round by round so that noise from other
+    programs hits them alike; ``best`` (the least disturbed step) and ``median`` seconds."""
+    seen: dict = {k: [] for k in steppers}
     for round_ in range(repeat + 1):  # round 0 warms up
-        for k in kinds:
+        for k, step in steppers.items():
             dist.barrier()
             for _ in range(steps):
                 start = time.perf_counter()
-                steppers[k]()
+                step()
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 if round_:
                     seen[k].append(time.perf_counter() - start)
+    return {k: {"best": min(v), "median": sorted(v)[len(v) // 2]} for k, v in seen.items()}
+
+
+def step_times(rank: int, world_size: int, kinds: tuple[str, ...] = KINDS, steps: int = 5, repeat: int = 7,
+               batch_size: int = 32, bucket_cap_mb: float = 25.0, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Seconds per training step of each kind (see ``KINDS``): ``best`` and ``median``."""
+    device = _device()
+    base, (n_in, n_out) = make_model("big", seed)
+    x, y = _batch(rank, n_in, n_out, batch_size, seed, device)
+    steppers = {k: _stepper(_wrap(k, copy.deepcopy(base).to(device), bucket_cap_mb), x, y) for k in kinds}
+    result = _take_turns(steppers, steps, repeat, device)
     del steppers
     gc.collect()
-    return {k: {"best": min(v), "median": sorted(v)[len(v) // 2]} for k, v in seen.items()}
+    return result
 
 
 def allreduce_times(rank: int, world_size: int, numels: list[int], repeat: int = 15) -> list[float]:
@@ -102,28 +108,32 @@ def allreduce_times(rank: int, world_size: int, numels: list[int], repeat: int =
     return out
 
 
-def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 3, repeat: int = 3,
+def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 3, repeat: int = 5,
                  batch_size: int = 32, seed: int = 0, comm_repeat: int = 10) -> list[dict[str, float]]:
-    """For each bucket cap: the number of buckets, BucketedDDP's step time, and the time of its
+    """For each bucket cap: the number of buckets, BucketedDDP's best step time, and the time of its
     buckets' all-reduces done one after another with nothing to overlap (communication alone)."""
+    device = _device()
+    base, (n_in, n_out) = make_model("big", seed)
+    x, y = _batch(rank, n_in, n_out, batch_size, seed, device)
+    models = {cap: BucketedDDP(copy.deepcopy(base).to(device), bucket_cap_mb=cap) for cap in caps_mb}
+    steps_seen = _take_turns({cap: _stepper(m, x, y) for cap, m in models.items()}, steps, repeat, device)
     rows = []
-    for cap in caps_mb:
-        step = step_times(rank, world_size, ("bucketed",), steps, repeat, batch_size, cap, seed)["bucketed"]["best"]
-        model, _ = make_model("big", seed)
-        buckets = BucketedDDP(model.to(_device()), bucket_cap_mb=cap)
+    for cap, ddp in models.items():
         comm = float("inf")
         for i in range(comm_repeat + 1):
             dist.barrier()
             start = time.perf_counter()
-            for flat in buckets._flat:
+            for flat in ddp._flat:
                 dist.all_reduce(flat)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             if i:
                 comm = min(comm, time.perf_counter() - start)
-        nbytes = sum(f.numel() * f.element_size() for f in buckets._flat)
-        rows.append({"bucket_cap_mb": cap, "buckets": len(buckets._flat), "bytes": nbytes,
-                     "step": step, "comm": comm})
-        del buckets, model
-        gc.collect()
+        rows.append({"bucket_cap_mb": cap, "buckets": len(ddp.buckets),
+                     "bytes": sum(f.numel() * f.element_size() for f in ddp._flat),
+                     "step": steps_seen[cap]["best"], "comm": comm})
+    del models
+    gc.collect()
     return rows
 
 
@@ -151,9 +161,7 @@ def timeline(rank: int, world_size: int, bucket_cap_mb: float = 1.0, batch_size:
     device = _device()
     model, (n_in, n_out) = make_model("big", seed)
     ddp = BucketedDDP(model.to(device), bucket_cap_mb=bucket_cap_mb, record_events=True)
-    gen = torch.Generator().manual_seed(seed + rank)
-    x = torch.randn(batch_size, n_in, generator=gen).to(device)
-    y = torch.randn(batch_size, n_out, generator=gen).to(device)
+    x, y = _batch(rank, n_in, n_out, batch_size, seed, device)
     records = []
     for step in range(2 + num_steps):  # 2 warm-up steps
         loss = nn.functional.mse_loss(ddp(x), y)
