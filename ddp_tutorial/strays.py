@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["CrashedJob", "crash_a_job", "processes_in_session", "listeners", "port_in_use",
+__all__ = ["CrashedJob", "crash_a_job", "processes_in_session", "descendants", "listeners", "port_in_use",
            "end_processes", "main_module_target", "run_all"]
 
 _RANK = """
@@ -119,6 +119,37 @@ def processes_in_session(session: int) -> list[int]:
             continue
         if sid == session and state != "Z":
             found.append(pid)
+    return sorted(found)
+
+
+def descendants(root: int | None = None, skip: str = "multiprocessing.(forkserver|resource_tracker)") -> list[int]:
+    """Live descendants of ``root`` (default: this process), not counting helper servers
+    whose command line matches ``skip`` (``launch.spawn`` keeps its forkserver on purpose)."""
+    import re
+
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    for pid in _all_pids():
+        try:
+            state, ppid, _, _ = _stat(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state != "Z":
+            children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                helper = re.search(skip, f.read().decode(errors="replace")) is not None
+        except OSError:
+            continue
+        if helper:
+            # a helper's own children are ranks: they count
+            todo += children.get(pid, [])
+        else:
+            found.append(pid)
+            todo += children.get(pid, [])
     return sorted(found)
 
 

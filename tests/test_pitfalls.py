@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 import torch
@@ -14,48 +13,10 @@ from ddp_tutorial import strays
 from ddp_tutorial.models import ToyModel
 
 
-def _descendants(root: int) -> list[int]:
-    """Live descendants of ``root``, except the forkserver (kept on purpose by launch.spawn)."""
-    children: dict[int, list[int]] = {}
-    for pid in strays._all_pids():
-        try:
-            state, ppid, _, _ = strays._stat(pid)
-        except OSError:
-            continue
-        if state != "Z":
-            children.setdefault(ppid, []).append(pid)
-    found, todo = [], list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if re.search(rb"multiprocessing\.(forkserver|resource_tracker)", f.read()):
-                    continue  # kept alive on purpose; its children are checked separately
-        except OSError:
-            continue
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
-
-
-def _forkserver_children() -> list[int]:
-    pids = []
-    for pid in strays._all_pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                is_server = b"multiprocessing.forkserver" in f.read()
-            if is_server and strays._stat(pid)[1] == os.getpid():
-                pids += _descendants(pid)
-        except OSError:
-            continue
-    return pids
-
-
 @pytest.fixture(autouse=True)
 def no_process_left():
     yield
-    assert _descendants(os.getpid()) == [], "a demo left a process behind"
-    assert _forkserver_children() == [], "a rank outlived its demo"
+    assert strays.descendants() == [], "a demo left a process (or a rank) behind"
 
 
 @pytest.mark.timeout(60)
