@@ -77,7 +77,7 @@ def pipelining_worker(rank: int, world_size: int) -> list[str]:
 
 
 def other_dtypes_worker(rank: int, world_size: int) -> list[str]:
-    """bool, uint8, int32, float16, bfloat16, complex64: equal where gloo answers, refused where it refuses."""
+    """bool, uint8, int32, float16, bfloat16, complex64: equal where gloo answers, else refused too."""
     problems = []
     for dtype in (torch.bool, torch.uint8, torch.int32, torch.float16, torch.bfloat16, torch.complex64):
         for op in SUPPORTED_OPS:
