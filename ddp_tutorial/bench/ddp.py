@@ -5,7 +5,7 @@ forward + backward + update. Rows: ``local`` (no communication at all: the floor
 torch DDP, ``BucketedDDP``, ``FlatDDP``, ``NaiveDDP``. The workers here also feed the
 notebook's bucket-size sweep, latency/bandwidth fit and overlap timeline.
 
-    python -m ddp_tutorial.bench ddp [--world-size 2] [--repeat 10] [--plot ddp.png]
+    python -m ddp_tutorial.bench ddp [--world-size 2] [--repeat 20] [--plot ddp.png]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ KINDS = ("local", "torch", "bucketed", "flat", "naive")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=10, help="timed rounds; the kinds take turns")
+    parser.add_argument("--repeat", type=int, default=20, help="timed rounds; the kinds take turns")
     parser.add_argument("--steps", type=int, default=3, help="steps per kind and round")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
