@@ -230,7 +230,8 @@ def make_model(name: str, seed: int, dtype: torch.dtype = torch.float32) -> tupl
     return model.to(dtype), shape
 
 
-def _device() -> torch.device:
+def rank_device() -> torch.device:
+    """This rank's device in the current group: ``cuda:LOCAL_RANK`` with NCCL, else the CPU."""
     return choose_device(rank_info().local_rank, dist.get_backend())
 
 
@@ -243,7 +244,7 @@ def compare_with_torch_ddp(rank: int, world_size: int, model_name: str = "mlp", 
     Each rank builds its model from a different seed on purpose: the broadcast at
     construction must make them equal. Each rank gets its own batch every step.
     """
-    device = _device()
+    device = rank_device()
     base, (n_in, n_out) = make_model(model_name, seed + rank, dtype)
     base.to(device)
     ref = nn.parallel.DistributedDataParallel(copy.deepcopy(base))

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.bench.common import Result
-from ddp_tutorial.ddp_from_scratch import WRAPPERS, BucketedDDP, _device, make_model
+from ddp_tutorial.ddp_from_scratch import WRAPPERS, BucketedDDP, make_model, rank_device
 from ddp_tutorial.launch import spawn
 
 HELP = "BucketedDDP / FlatDDP / NaiveDDP vs torch DDP step time (~1M params, 2 ranks)"
@@ -79,7 +79,7 @@ def _take_turns(steppers: dict, steps: int, repeat: int, device: torch.device) -
 def step_times(rank: int, world_size: int, kinds: tuple[str, ...] = KINDS, steps: int = 5, repeat: int = 7,
                batch_size: int = 32, bucket_cap_mb: float = 25.0, seed: int = 0) -> dict[str, dict[str, float]]:
     """Seconds per training step of each kind (see ``KINDS``): ``best`` and ``median``."""
-    device = _device()
+    device = rank_device()
     base, (n_in, n_out) = make_model("big", seed)
     x, y = _batch(rank, n_in, n_out, batch_size, seed, device)
     steppers = {k: _stepper(_wrap(k, copy.deepcopy(base).to(device), bucket_cap_mb), x, y) for k in kinds}
@@ -91,7 +91,7 @@ def step_times(rank: int, world_size: int, kinds: tuple[str, ...] = KINDS, steps
 
 def allreduce_times(rank: int, world_size: int, numels: list[int], repeat: int = 15) -> list[float]:
     """Best seconds of one blocking all-reduce of a float32 tensor of each size."""
-    device = _device()
+    device = rank_device()
     out = []
     for n in numels:
         t = torch.ones(n, device=device)
@@ -112,7 +112,7 @@ def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 
                  batch_size: int = 32, seed: int = 0, comm_repeat: int = 10) -> list[dict[str, float]]:
     """For each bucket cap: the number of buckets, BucketedDDP's best step time, and the time of its
     buckets' all-reduces done one after another with nothing to overlap (communication alone)."""
-    device = _device()
+    device = rank_device()
     base, (n_in, n_out) = make_model("big", seed)
     x, y = _batch(rank, n_in, n_out, batch_size, seed, device)
     models = {cap: BucketedDDP(copy.deepcopy(base).to(device), bucket_cap_mb=cap) for cap in caps_mb}
@@ -158,7 +158,7 @@ def timeline(rank: int, world_size: int, bucket_cap_mb: float = 1.0, batch_size:
     """A recorded BucketedDDP backward: when each gradient was ready, when each bucket's all-reduce
     started and finished, in seconds from the start of backward. Of ``num_steps`` steps the one
     that was slowest on no rank is kept: the least disturbed by other programs."""
-    device = _device()
+    device = rank_device()
     model, (n_in, n_out) = make_model("big", seed)
     ddp = BucketedDDP(model.to(device), bucket_cap_mb=bucket_cap_mb, record_events=True)
     x, y = _batch(rank, n_in, n_out, batch_size, seed, device)
