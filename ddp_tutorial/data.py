@@ -3,7 +3,7 @@
 - ``digits``: scikit-learn's 1,797 real 8x8 handwritten digits, shipped with the
   package (no download), split into train/test with a fixed seed.
 - ``cifar10``: torchvision's CIFAR-10 from ``--data-dir``. Downloading happens only
-  with an explicit flag, by rank 0 first while the other ranks wait.
+  with an explicit flag, by local rank 0 first while the other ranks wait.
 - ``fake``: torchvision's ``FakeData`` (random images) for throughput runs.
 
 Training data is split between ranks by ``DistributedSampler`` (call
@@ -77,7 +77,7 @@ def fake(num_samples: int = 2048, image_size: int = 32, seed: int = 0) -> DataSp
 def cifar10(data_dir: str | None, download: bool = False) -> DataSpec:
     """CIFAR-10 from ``data_dir`` with the usual crop/flip augmentation on the training split.
 
-    With ``download``, rank 0 fetches it first and the others wait for it; without,
+    With ``download``, local rank 0 fetches it first and the others wait for it; without,
     a missing or empty directory is a ``DataError`` saying what to do.
     """
     from torchvision import datasets, transforms
@@ -104,13 +104,17 @@ def cifar10(data_dir: str | None, download: bool = False) -> DataSpec:
 
 
 def _download_on_rank0(data_dir: str) -> None:
-    """Rank 0 downloads; the others wait for its verdict (a broadcast, so a failure cannot hang them)."""
+    """Local rank 0 of each node downloads (nodes rarely share a disk); the others wait for the verdict.
+
+    The wait is an ``all_gather_object`` of error messages rather than a bare
+    barrier, so a failed download stops every rank instead of leaving them waiting.
+    """
     from torchvision import datasets
 
     distributed = dist.is_available() and dist.is_initialized()
-    rank = dist.get_rank() if distributed else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if distributed else 0))
     problem = ""
-    if rank == 0:
+    if local_rank == 0:
         try:
             os.makedirs(data_dir, exist_ok=True)
             datasets.CIFAR10(data_dir, train=True, download=True)
@@ -118,11 +122,11 @@ def _download_on_rank0(data_dir: str) -> None:
         except Exception as exc:  # no network, no space: report it, do not leave the others waiting
             problem = f"downloading CIFAR-10 into {data_dir} failed: {type(exc).__name__}: {exc}"
     if distributed:
-        verdict = [problem]
-        dist.broadcast_object_list(verdict, src=0)
-        problem = verdict[0]
+        verdicts = [""] * dist.get_world_size()
+        dist.all_gather_object(verdicts, problem)
+        problem = problem or next((v for v in verdicts if v), "")
     if problem:
-        raise DataError(problem if rank == 0 else "rank 0 could not download CIFAR-10 (see its message)")
+        raise DataError(problem)
 
 
 def load_dataset(name: str, *, data_dir: str | None = None, download: bool = False, seed: int = 0,
