@@ -135,8 +135,12 @@ def fits(rows: list[dict]) -> list[dict]:
     for op, n in dict.fromkeys((r["collective"], r["ranks"]) for r in rows):
         mine = [r for r in rows if r["collective"] == op and r["ranks"] == n]
         alpha, bandwidth = fit_alpha_beta([r["bytes"] for r in mine], [r["time_us"] * 1e-6 for r in mine])
+        # how far the line misses the worst point: large means the model does not describe the run
+        miss = max(abs(alpha + r["bytes"] / bandwidth - r["time_us"] * 1e-6) / (r["time_us"] * 1e-6)
+                   for r in mine)
         out.append({"collective": op, "ranks": n, "latency_us": alpha * 1e6,
-                    "algbw_GBps": bandwidth / 1e9, "busbw_GBps": bandwidth / 1e9 * bus_factor(op, n)})
+                    "algbw_GBps": bandwidth / 1e9, "busbw_GBps": bandwidth / 1e9 * bus_factor(op, n),
+                    "max_error": miss})
     return out
 
 
@@ -168,7 +172,8 @@ def run(args: argparse.Namespace) -> Result:
             ratios[f"{f['collective']} busbw GB/s (fit, {n_max} ranks)"] = f["busbw_GBps"]
     notes = ["alpha-beta fits (time = latency + bytes / algbw):"]
     notes += [f"  {f['collective']:>14} {f['ranks']} ranks: latency {f['latency_us']:8.1f} us, "
-              f"algbw {f['algbw_GBps']:6.2f} GB/s, busbw {f['busbw_GBps']:6.2f} GB/s" for f in fitted]
+              f"algbw {f['algbw_GBps']:6.2f} GB/s, busbw {f['busbw_GBps']:6.2f} GB/s, "
+              f"worst miss {f['max_error']:.0%}" for f in fitted]
     return Result(name=f"collectives: {len(args.ops)} ops, {len(sizes)} sizes, ranks {args.world_sizes}, "
                        f"1 thread per rank", columns=COLUMNS, rows=rows, ratios=ratios, notes=notes)
 
