@@ -175,3 +175,14 @@ def test_test_shards_cover_every_sample_once(n, world_size):
     shards = [shard_indices(n, r, world_size) for r in range(world_size)]
     assert sorted(i for s in shards for i in s) == list(range(n))
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_fake_data_trains_alone_and_resnet18_fits_32x32(capsys):
+    assert main(["--dataset", "fake", "--num-samples", "64", "--batch-size", "16", "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 1/1  step 4 " in out and "final test accuracy" in out and "8 test samples" in out
+    from ddp_tutorial.models import build_model
+
+    resnet = build_model("resnet18", 3, 10)
+    assert resnet(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    assert resnet.conv1.stride == (1, 1)  # the CIFAR stem keeps 32x32 through the first block
