@@ -34,8 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fake-batch-size", type=int, default=32, help="per process")
 
 
-def measure(rank: int, world_size: int, config: TrainConfig, steps: int, repeat: int) -> dict:
-    """Worker: warm up, then time ``repeat`` windows of ``steps`` optimizer steps; samples/s over all ranks."""
+def measure(rank: int, world_size: int, config: TrainConfig, steps: int, repeat: int, sync: bool = True) -> dict:
+    """Worker: warm up, then time ``repeat`` windows of ``steps`` optimizer steps; samples/s over all ranks.
+
+    ``sync=False`` trains the bare model (no gradient all-reduce): a control that
+    shows how much parallelism the machine itself allows right now.
+    """
     device = choose_device(rank, dist.get_backend())
     setup = build(config, rank, world_size, device)
     setup.ddp.train()
@@ -52,7 +56,8 @@ def measure(rank: int, world_size: int, config: TrainConfig, steps: int, repeat:
     def step() -> None:
         x, y = next(source)
         setup.optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(setup.ddp(x.to(device)), y.to(device)).backward()
+        net = setup.ddp if sync else setup.model
+        F.cross_entropy(net(x.to(device)), y.to(device)).backward()
         setup.optimizer.step()
 
     for _ in range(5):
@@ -80,40 +85,49 @@ def run(args: argparse.Namespace) -> Result:
                                         batch_size=args.fake_batch_size, log=False), max(5, args.steps // 3))]
     rows, ratios, notes = [], {}, []
     for name, config, steps in cases:
-        samples, shares = {1: [], 2: []}, {1: [], 2: []}
-        # 1 and 2 processes take turns, so a neighbour's burst of load hits both alike
+        variants = {1: (1, True), 2: (2, True), "2, no all-reduce": (2, False)}
+        samples = {key: [] for key in variants}
+        shares = {key: [] for key in variants}
+        # the variants take turns, so a neighbour's burst of load hits each alike
         for _ in range(args.rounds):
-            for world_size in (1, 2):
-                out = spawn(measure, world_size, args=(config, steps, args.repeat), threads=1, quiet=True,
+            for key, (world_size, sync) in variants.items():
+                out = spawn(measure, world_size, args=(config, steps, args.repeat, sync), threads=1, quiet=True,
                             timeout=600)[0]
-                samples[world_size].append(out["samples_per_s"])
-                shares[world_size].append(out["cpu_share"])
-        rates = {n: statistics.median(values) for n, values in samples.items()}
-        for world_size in (1, 2):
-            rows.append({"data": name, "processes": world_size, "batch/process": config.batch_size,
-                         "samples/s": rates[world_size],
-                         "ms/step": 1000 * config.batch_size * world_size / rates[world_size],
-                         "cpu/wall": statistics.median(shares[world_size])})
+                samples[key].append(out["samples_per_s"])
+                shares[key].append(out["cpu_share"])
+        rates = {key: statistics.median(values) for key, values in samples.items()}
+        for key, (world_size, _sync) in variants.items():
+            rows.append({"data": name, "processes": key, "batch/process": config.batch_size,
+                         "samples/s": rates[key],
+                         "ms/step": 1000 * config.batch_size * world_size / rates[key],
+                         "cpu/wall": statistics.median(shares[key])})
+        ratios[f"{name}: 2 procs without all-reduce / 1 proc (what the machine allows)"] = \
+            rates["2, no all-reduce"] / rates[1]
         ratio = rates[2] / rates[1]
         ratios[f"{name}: throughput 2 procs / 1 proc"] = ratio
+        ratios[f"{name}: 2 procs with / without all-reduce (cost of DDP's sync)"] = rates[2] / rates["2, no all-reduce"]
         notes.append(f"{name}: scaling efficiency {ratio / 2:.0%} (ratio / 2 processes)")
     notes.append(f"median of {args.rounds} alternating rounds; target: ratio >= 1.6 on both; "
                  "one thread per process, CPU, gloo")
     notes.append("cpu/wall: the least CPU time per wall second of any rank; well below 1, the machine was busy")
+    notes.append("'2, no all-reduce' trains without DDP's gradient sync: if it does not reach ~2x either, "
+                 "the cores were not free and the DDP ratio is not a property of DDP")
     return Result(name="train: DDP training throughput, 1 thread per process",
                   columns=["data", "processes", "batch/process", "samples/s", "ms/step", "cpu/wall"],
                   rows=rows, ratios=ratios, notes=notes)
 
 
 def plot(result: Result, ax) -> None:
-    names = sorted({r["data"] for r in result.rows})
-    width = 0.38
-    for i, world_size in enumerate((1, 2)):
-        values = [next(r["samples/s"] for r in result.rows if r["data"] == n and r["processes"] == world_size)
+    names = list(dict.fromkeys(r["data"] for r in result.rows))
+    keys = list(dict.fromkeys(r["processes"] for r in result.rows))
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        values = [next(r["samples/s"] for r in result.rows if r["data"] == n and r["processes"] == key)
                   for n in names]
-        ax.bar([j + (i - 0.5) * width for j in range(len(names))], values, width, label=f"{world_size} process(es)")
+        ax.bar([j + (i - (len(keys) - 1) / 2) * width for j in range(len(names))], values, width,
+               label=f"{key} process(es)")
     ax.set_xticks(range(len(names)), names)
     ax.set_yscale("log")
     ax.set_ylabel("training samples/s")
     ax.set_title("DDP training throughput")
-    ax.legend()
+    ax.legend(fontsize=8)
