@@ -80,7 +80,8 @@ def parse_reports(output: str) -> list[dict]:
     return sorted(found, key=lambda r: r["rank_from_group"])
 
 
-_LOG_PREFIX = re.compile(r"^\[?[IWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] ?")  # torchrun's "W1121 12:00:00.0 123 file.py:9] "
+# torchrun's own log prefix: "W1121 12:00:00.000000 123 torch/distributed/run.py:9] "
+_LOG_PREFIX = re.compile(r"^\[?[IWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] ?")
 
 
 def log_lines(output: str, *keep: str) -> list[str]:

@@ -249,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m ddp_tutorial.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=DATASETS, default=d.dataset)
     p.add_argument("--data-dir", default=d.data_dir, help="folder of the cifar10 data")
-    p.add_argument("--download", action="store_true", help="cifar10: download into --data-dir (local rank 0 first)")
+    p.add_argument("--download", action="store_true",
+                   help="cifar10: download into --data-dir (local rank 0 first)")
     p.add_argument("--model", choices=TRAIN_MODELS, default=None,
                    help="default: cnn for digits and fake, resnet18 for cifar10")
     p.add_argument("--epochs", dest="num_epochs", type=int, default=d.num_epochs, metavar="N")

@@ -75,7 +75,8 @@ def test_two_nodes_on_one_machine_form_one_world():
         assert int(r["WORLD_SIZE"]) == 4 and int(r["LOCAL_WORLD_SIZE"]) == 2
         assert int(r["RANK"]) == r["rank_from_group"]
         assert int(r["RANK"]) == int(r["GROUP_RANK"]) * 2 + int(r["LOCAL_RANK"])
-    assert sorted((int(r["GROUP_RANK"]), int(r["LOCAL_RANK"])) for r in reports) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    placed = sorted((int(r["GROUP_RANK"]), int(r["LOCAL_RANK"])) for r in reports)
+    assert placed == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 def _other_model_checkpoint(path) -> str:
@@ -99,14 +100,15 @@ BAD_INPUTS = {
     "unknown dataset": (lambda tmp: ["--dataset", "mnist"], "invalid choice: 'mnist'"),
     "unknown model": (lambda tmp: ["--model", "vgg"], "invalid choice: 'vgg'"),
     "cifar without a data dir": (lambda tmp: ["--dataset", "cifar10"], "needs --data-dir"),
-    "missing data dir": (lambda tmp: ["--dataset", "cifar10", "--data-dir", str(tmp / "nowhere")], "does not exist"),
+    "missing data dir": (lambda tmp: ["--dataset", "cifar10", "--data-dir", str(tmp / "nowhere")],
+                         "does not exist"),
     "empty data dir": (lambda tmp: ["--dataset", "cifar10", "--data-dir", str(tmp)], "is empty"),
     "batch too large": (lambda tmp: ["--batch-size", "2000"], "leaves each of the 1 rank(s) without a full batch"),
     "no epochs": (lambda tmp: ["--epochs", "0"], "--epochs must be at least 1"),
     "other model's checkpoint": (lambda tmp: ["--resume", "--checkpoint", _other_model_checkpoint(tmp / "c.pt")],
                                  "saved with model_name='resnet18', but this run uses model_name='cnn'"),
-    "checkpoint that does not fit": (lambda tmp: ["--resume", "--checkpoint", _wrong_shapes_checkpoint(tmp / "c.pt")],
-                                     "does not fit model 'cnn'"),
+    "checkpoint that does not fit": (
+        lambda tmp: ["--resume", "--checkpoint", _wrong_shapes_checkpoint(tmp / "c.pt")], "does not fit model 'cnn'"),
     "half-written checkpoint": (lambda tmp: ["--resume", "--checkpoint", _truncated_checkpoint(tmp / "c.pt")],
                                 "cannot load checkpoint"),
 }
