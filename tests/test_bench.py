@@ -65,7 +65,7 @@ def test_dp_tiny_run_and_ratios_match_rows():
     result = dp.run(_args(dp, ["--batch-size", "8", "--steps", "1", "--repeat", "1"]))
     assert [r["setup"].split(",")[0] for r in result.rows] == ["single process", "DataParallel", "DDP"]
     for row in result.rows:
-        assert row["step_ms"] > 0
+        assert row["step_ms"] > 0 and 0 < row["cores_used"] <= 3  # 2 replicas, plus helper threads
         assert row["samples_per_s"] == pytest.approx(8 / (row["step_ms"] / 1e3))
     single, dataparallel, ddp = (r["samples_per_s"] for r in result.rows)
     assert result.ratios["DDP throughput / DataParallel throughput"] == pytest.approx(ddp / dataparallel)

@@ -48,21 +48,26 @@ def _step_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[],
     return step
 
 
-def _best_step(step: Callable[[], None], steps: int, repeat: int, sync: Callable[[], None] = lambda: None) -> float:
+def _best_step(step: Callable[[], None], steps: int, repeat: int,
+               sync: Callable[[], None] = lambda: None) -> tuple[float, float]:
+    """(best seconds per step, CPU seconds this process used per wall second over all rounds)."""
     step()  # warm-up
-    best = float("inf")
+    best, wall, cpu = float("inf"), 0.0, 0.0
     for _ in range(repeat):
         sync()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             step()
         sync()
-        best = min(best, (time.perf_counter() - start) / steps)
-    return best
+        elapsed = time.perf_counter() - start
+        wall, cpu = wall + elapsed, cpu + time.process_time() - start_cpu
+        best = min(best, elapsed / steps)
+    return best, cpu / wall
 
 
-def ddp_step_seconds(rank: int, world_size: int, global_batch: int, steps: int, repeat: int) -> float:
-    """Worker: seconds per DDP step on ``global_batch / world_size`` samples per rank (slowest rank)."""
+def ddp_step_seconds(rank: int, world_size: int, global_batch: int, steps: int,
+                     repeat: int) -> tuple[float, float]:
+    """Worker: (seconds per DDP step, slowest rank; cores used by all ranks together)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ddp_tutorial.env import choose_device
@@ -73,14 +78,17 @@ def ddp_step_seconds(rank: int, world_size: int, global_batch: int, steps: int, 
     x, y = _batch(global_batch)
     share = global_batch // world_size
     x, y = x[rank * share:(rank + 1) * share].to(device), y[rank * share:(rank + 1) * share].to(device)
-    seconds = _best_step(_step_fn(model, x, y), steps, repeat, lambda: dist.barrier())
+    seconds, cores = _best_step(_step_fn(model, x, y), steps, repeat, lambda: dist.barrier())
     slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.item()
+    total = torch.tensor([cores], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return slowest.item(), total.item()
 
 
-def local_step_seconds(kind: str, global_batch: int, replicas: int, steps: int, repeat: int) -> float:
-    """Seconds per step in this process: ``kind`` is ``"single"`` or ``"dp"``."""
+def local_step_seconds(kind: str, global_batch: int, replicas: int, steps: int,
+                       repeat: int) -> tuple[float, float]:
+    """(seconds per step, cores used) in this process: ``kind`` is ``"single"`` or ``"dp"``."""
     from ddp_tutorial.data_parallel import MiniDataParallel
 
     torch.manual_seed(0)
@@ -116,15 +124,18 @@ def run(args: argparse.Namespace) -> Result:
         f"DDP, {n} processes": spawn(ddp_step_seconds, n, args=(batch, args.steps, args.repeat),
                                      threads=1, timeout=600, quiet=True)[0],
     }
-    rows = [{"setup": name, "step_ms": s * 1e3, "samples_per_s": batch / s} for name, s in seconds.items()]
+    rows = [{"setup": name, "step_ms": s * 1e3, "samples_per_s": batch / s, "cores_used": cores}
+            for name, (s, cores) in seconds.items()]
     single, dp, ddp = (r["samples_per_s"] for r in rows)
     return Result(
         name=f"dp: DeepMLP (~1M params), global batch {batch}, {n} replicas/processes",
-        columns=["setup", "step_ms", "samples_per_s"], rows=rows,
+        columns=["setup", "step_ms", "samples_per_s", "cores_used"], rows=rows,
         ratios={"DDP throughput / DataParallel throughput": ddp / dp,
                 "DDP throughput / single-process throughput": ddp / single},
         notes=["DataParallel replicates the model and gathers outputs every step, and its threads "
-               "share one Python interpreter (the GIL); DDP pays one gradient all-reduce per step."],
+               "share one Python interpreter (the GIL); DDP pays one gradient all-reduce per step.",
+               f"cores_used: CPU seconds per wall second of all its threads/processes (at most {n}); "
+               "well below that, other jobs had the cores"],
     )
 
 
