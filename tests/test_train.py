@@ -188,3 +188,22 @@ def test_fake_data_trains_alone_and_resnet18_fits_32x32(capsys):
     resnet = build_model("resnet18", 3, 10)
     assert resnet(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     assert resnet.conv1.stride == (1, 1)  # the CIFAR stem keeps 32x32 through the first block
+
+
+@pytest.mark.timeout(120)
+def test_bench_train_tiny_run_is_well_formed():
+    import argparse
+
+    from ddp_tutorial.bench import train as bench_train
+
+    parser = argparse.ArgumentParser()
+    bench_train.add_arguments(parser)
+    result = bench_train.run(parser.parse_args(["--rounds", "1", "--steps", "2", "--repeat", "1",
+                                                "--digits-batch-size", "32", "--fake-batch-size", "8",
+                                                "--fake-samples", "64"]))
+    rate = {(r["data"], r["processes"]): r["samples/s"] for r in result.rows}
+    assert len(rate) == 6 and all(v > 0 for v in rate.values())
+    assert all(0 < r["cpu/wall"] < 1.5 for r in result.rows)
+    for data in ("digits", "fake 32x32"):
+        assert result.ratios[f"{data}: throughput 2 procs / 1 proc"] == pytest.approx(
+            rate[(data, "2 (DDP)")] / rate[(data, "1")])

@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # all-reduce latency, not the arithmetic, would decide the ratio
     parser.add_argument("--digits-batch-size", type=int, default=256, help="per process")
     parser.add_argument("--fake-batch-size", type=int, default=32, help="per process")
+    parser.add_argument("--fake-samples", type=int, default=1024, help="FakeData training images")
 
 
 def measure(rank: int, world_size: int, config: TrainConfig, steps: int, repeat: int, sync: bool = True) -> dict:
@@ -84,7 +85,7 @@ def measure(rank: int, world_size: int, config: TrainConfig, steps: int, repeat:
 
 def run(args: argparse.Namespace) -> Result:
     cases = [("digits", TrainConfig(dataset="digits", batch_size=args.digits_batch_size, log=False), args.steps),
-             ("fake 32x32", TrainConfig(dataset="fake", num_samples=1024, image_size=32,
+             ("fake 32x32", TrainConfig(dataset="fake", num_samples=args.fake_samples, image_size=32,
                                         batch_size=args.fake_batch_size, log=False), args.steps)]
     rows, ratios, notes = [], {}, []
     for name, config, steps in cases:
