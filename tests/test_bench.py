@@ -84,3 +84,14 @@ def test_command_line_writes_json_and_plot(tmp_path):
     assert result["columns"] == collectives.COLUMNS
     assert [r["collective"] for r in result["rows"]] == ["all_reduce", "broadcast"]
     assert png.stat().st_size > 0
+
+
+def test_saved_run_of_notebook_12_is_strict_json_and_consistent():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "data" / "bench_run.json"
+    results = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in {path}"))
+    by_name = {r["name"].split(":")[0]: r for r in results}
+    assert {"collectives", "dp"} <= set(by_name)
+    _check_collective_rows(by_name["collectives"]["rows"], [2, 4], num_sizes=6)
+    assert all(r["samples_per_s"] > 0 for r in by_name["dp"]["rows"])
