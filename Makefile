@@ -1,5 +1,5 @@
 # ddp-tutorial: every target creates .venv when it is missing and installs into it.
-#   make demo       2-process DDP run via torchrun on CPU
+#   make demo       2-process DDP training on digits via torchrun on CPU
 #   make test       unit tests, then nbval over every notebook
 #   make lab        Jupyter on notebooks/
 #   make notebooks  re-execute every notebook and store its outputs
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.hello
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.train
 
 test: unit nbval
 

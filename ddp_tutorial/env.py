@@ -127,11 +127,20 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
         return
     backend = backend or choose_backend(local_world_size=info.local_world_size)
     device = set_device_for(info.local_rank, backend)
-    if launched_by_torchrun(environ):
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
-    else:
+    limit = timedelta(seconds=timeout)
+    if not launched_by_torchrun(environ):
         # One process: a world of one on an in-memory store, no port needed.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    elif info.restart_count > 0:
+        # torchrun keeps one store for the whole job. After a restart, ranks could
+        # read the addresses the dead ranks published and fail to connect, so each
+        # attempt gets keys of its own.
+        env = os.environ if environ is None else environ
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=limit)
+        dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{info.restart_count}/", store),
+                                rank=info.rank, world_size=info.world_size, timeout=limit)
+    else:
+        dist.init_process_group(backend, timeout=limit)
     try:
         yield info, device
     finally:

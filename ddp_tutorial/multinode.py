@@ -25,18 +25,15 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from datetime import timedelta
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-import torch
 import torch.distributed as dist
 
-from ddp_tutorial.env import RankInfo, choose_backend, distributed, set_device_for
+from ddp_tutorial.env import distributed
 from ddp_tutorial.launch import LOCALHOST, TorchrunResult, free_port, torchrun, torchrun_command
 
 __all__ = ["LAUNCHER_VARS", "launcher_env", "resolve_local_rank", "report_ranks", "parse_reports", "log_lines",
-           "legacy_launch", "simulate_nodes", "run_and_stop", "restart_safe_group", "exit_on_sigterm", "main"]
+           "legacy_launch", "simulate_nodes", "run_and_stop", "exit_on_sigterm", "main"]
 
 MARK = "WHOAMI "
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
@@ -160,31 +157,6 @@ def run_and_stop(module: str, args: Sequence[str], stop_when: str, nproc_per_nod
         except (ProcessLookupError, PermissionError):
             pass
     return TorchrunResult(proc.returncode, "".join(lines))
-
-
-@contextmanager
-def restart_safe_group(info: RankInfo, timeout: float = 300.0) -> Iterator[tuple[RankInfo, torch.device]]:
-    """``env.distributed()``, except that a torchrun restart gets fresh keys in the store.
-
-    torchrun keeps one store for the whole job. Without a prefix, the restarted
-    ranks can read the addresses the dead ones published and fail with
-    "Connection refused" (gloo's connectFullMesh).
-    """
-    if info.restart_count == 0 or dist.is_initialized():
-        with distributed(timeout=timeout) as pair:
-            yield pair
-        return
-    backend = choose_backend(local_world_size=info.local_world_size)
-    set_device_for(info.local_rank, backend)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=timeout))
-    dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{info.restart_count}/", store),
-                            rank=info.rank, world_size=info.world_size, timeout=timedelta(seconds=timeout))
-    try:
-        with distributed(timeout=timeout) as pair:  # sees the group and leaves it to us
-            yield pair
-    finally:
-        dist.destroy_process_group()
 
 
 def exit_on_sigterm() -> Any:

@@ -34,9 +34,9 @@ from torch.utils.data import DataLoader
 
 from ddp_tutorial.checkpoint import CheckpointError, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from ddp_tutorial.data import DATASETS, DataError, load_dataset, make_loaders
-from ddp_tutorial.env import NotLaunchedError, rank_info
+from ddp_tutorial.env import NotLaunchedError, distributed, rank_info
 from ddp_tutorial.models import TRAIN_MODELS, build_model
-from ddp_tutorial.multinode import exit_on_sigterm, restart_safe_group
+from ddp_tutorial.multinode import exit_on_sigterm
 
 __all__ = ["TrainConfig", "ConfigError", "train", "evaluate", "seed_everything", "default_model", "main"]
 
@@ -182,7 +182,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     """
     previous = exit_on_sigterm()
     try:
-        with restart_safe_group(rank_info()) as (info, device):
+        with distributed() as (info, device):
             if (info.rank, info.world_size) != (rank, world_size):
                 raise RuntimeError(f"environment says rank {info.rank} of {info.world_size}, "
                                    f"caller says {rank} of {world_size}")
