@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-__all__ = ["CrashedJob", "crash_a_job", "processes_in_session", "descendants", "listeners", "port_in_use",
+__all__ = ["CrashedJob", "crash_a_job", "alive", "processes_in_session", "descendants", "listeners", "port_in_use",
            "end_processes", "main_module_target", "run_all"]
 
 _RANK = """
@@ -102,9 +102,10 @@ def _all_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie has ended; it only waits to be reaped)."""
     try:
-        return _stat(pid)[0] != "Z"  # a zombie has ended; it only waits to be reaped
+        return _stat(pid)[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
 
@@ -186,7 +187,7 @@ def end_processes(pids: list[int], grace: float = 3.0) -> list[int]:
     """SIGTERM these ids, SIGKILL what is left after ``grace`` s; return the ids still alive (none)."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 try:
                     os.kill(pid, sig)
                 except ProcessLookupError:
@@ -198,10 +199,10 @@ def end_processes(pids: list[int], grace: float = 3.0) -> list[int]:
                     os.waitpid(pid, os.WNOHANG)  # reap it if it is our (adopted) child
                 except ChildProcessError:
                     pass
-            if not any(_alive(pid) for pid in pids):
+            if not any(alive(pid) for pid in pids):
                 return []
             time.sleep(0.05)
-    return [pid for pid in pids if _alive(pid)]
+    return [pid for pid in pids if alive(pid)]
 
 
 _MAIN_TARGET = """
@@ -236,7 +237,7 @@ def main_module_target(timeout: float = 60.0) -> list[str]:
 def run_all() -> None:
     """The demos of this module, as ``python -m ddp_tutorial.pitfalls`` prints them."""
     job = crash_a_job()
-    print(f"launcher killed; its ranks still alive: {[_alive(p) for p in job.rank_pids]}, "
+    print(f"launcher killed; its ranks still alive: {[alive(p) for p in job.rank_pids]}, "
           f"their ports still taken: {[port_in_use(p) for p in job.ports]}")
     found = processes_in_session(job.session)
     print(f"found by session id: {len(found)} processes, the ranks: {found == job.rank_pids}")

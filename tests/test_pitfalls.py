@@ -123,8 +123,8 @@ def test_checkpoint_pitfalls(tmp_path):
 def test_stray_ranks_found_and_ended_by_id():
     job = strays.crash_a_job()
     try:
-        assert all(strays._alive(pid) for pid in job.rank_pids)
-        assert not strays._alive(job.launcher_pid)
+        assert all(strays.alive(pid) for pid in job.rank_pids)
+        assert not strays.alive(job.launcher_pid)
         assert strays.processes_in_session(job.session) == job.rank_pids
         assert [strays.listeners(port) for port in job.ports] == [[pid] for pid in job.rank_pids]
         assert all(strays.port_in_use(port) for port in job.ports)
