@@ -153,10 +153,11 @@ def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, th
         try:
             payload = pickle.dumps(status)
         except Exception as exc:
-            payload = pickle.dumps(("error", f"the return value of rank {rank} cannot be pickled: {exc}", ""))
+            payload = pickle.dumps(("error", f"the return value of rank {rank} cannot be pickled: {exc}", "", "run"))
         conn.send_bytes(payload)
         conn.close()
 
+    stage = "init"
     try:
         if init_pg:
             from ddp_tutorial.env import choose_backend, set_device_for
@@ -165,11 +166,12 @@ def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, th
             set_device_for(rank, chosen)
             dist.init_process_group(chosen, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout))
+        stage = "run"
         result = fn(rank, world_size, *args)
     except BaseException as exc:  # report everything, even SystemExit, to the parent
         # Report before tearing down: the teardown makes the other ranks fail too,
         # and the parent should hear about the cause first.
-        report(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        report(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), stage))
     else:
         report(("ok", result))
     finally:
@@ -231,9 +233,29 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
         raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
+    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+    launch = (fn, world_size, tuple(args), backend, timeout, init_process_group, threads, master_addr, quiet)
+    try:
+        return _launch_once(*launch)
+    except _InitFlake:
+        # gloo's connection set-up sometimes fails on a loaded machine before any
+        # worker code ran; a fresh attempt on a fresh store is safe.
+        return _launch_once(*launch, retry=False)
+
+
+class _InitFlake(Exception):
+    """Every report came from a failed gloo connection set-up: nothing ran yet."""
+
+
+def _is_init_flake(results: dict, errors: dict) -> bool:
+    return bool(errors) and not results and all(
+        stage == "init" and "connectFullMesh" in message for message, _, stage in errors.values())
+
+
+def _launch_once(fn, world_size, args, backend, timeout, init_process_group, threads, master_addr,
+                 quiet, retry=True) -> list:
     import torch.distributed as dist
 
-    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
     # The parent hosts the store on a socket it binds itself: only on master_addr
     # (TCPStore alone would listen on every interface), on a port the kernel picks,
     # so two launches never race for a port.
@@ -255,7 +277,7 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
                     rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank),
                                     LOCAL_WORLD_SIZE=str(world_size))
                     p = ctx.Process(target=_child, name=f"rank{rank}",
-                                    args=(fn, rank, world_size, tuple(args), backend, init_process_group,
+                                    args=(fn, rank, world_size, args, backend, init_process_group,
                                           rank_env, out_paths[rank], send, threads, timeout))
                     p.start()
                     send.close()
@@ -287,18 +309,21 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
                         rank = pending.pop(ready)
                         if rank not in results and rank not in errors and not _has_message(conns, rank):
                             code = procs[rank].exitcode
-                            errors[rank] = (f"process exited with code {code} before returning a result", "")
+                            errors[rank] = (f"process exited with code {code} before returning a result", "", "?")
             still_running = [r for r in range(world_size) if r not in results and r not in errors]
         finally:
             _stop(procs)
             for c in conns:
                 c.close()
             del store
-            if not quiet:
+            flake = retry and _is_init_flake(results, errors)
+            if not quiet and not flake:
                 _relay(out_paths, sys.stdout)
+    if flake:
+        raise _InitFlake()
     if errors:
         rank = _root_cause(errors)
-        message, remote_tb = errors[rank]
+        message, remote_tb, _ = errors[rank]
         others = sorted(set(errors) - {rank})
         if others:
             message += f" (ranks {others} failed too, probably as a consequence)"

@@ -178,3 +178,20 @@ def test_hello_runs_alone_as_a_world_of_one():
                          text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert "all_reduce over 1 rank(s) on gloo: OK" in out.stdout
+
+
+def test_only_a_gloo_connection_failure_at_init_counts_as_a_flake_to_retry():
+    from ddp_tutorial.launch import _is_init_flake
+
+    mesh = "RuntimeError: Gloo connectFullMesh failed with ... Connection closed by peer"
+    assert _is_init_flake({}, {0: (mesh, "", "init"), 1: (mesh, "", "init")})
+    assert not _is_init_flake({}, {0: (mesh, "", "run")})  # worker code had run: never retry
+    assert not _is_init_flake({1: None}, {0: (mesh, "", "init")})  # a rank finished its work
+    assert not _is_init_flake({}, {0: ("ValueError: bad backend", "", "init")})
+    assert not _is_init_flake({}, {})
+
+
+def test_an_init_failure_is_reported_with_its_rank_and_cause():
+    # both ranks fail the same way; either may be named
+    with pytest.raises(WorkerError, match=r"rank [01] failed: \w+: Unknown backend type no_such_backend"):
+        spawn(w.identify, 2, backend="no_such_backend", timeout=30)
