@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
-import tempfile
 from datetime import timedelta
 
 import torch
@@ -29,6 +29,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+from ddp_tutorial.checkpoint import save_checkpoint
 from ddp_tutorial.env import choose_backend, choose_device, distributed, launched_by_torchrun, set_device_for
 from ddp_tutorial.launch import LOCALHOST, free_port
 from ddp_tutorial.models import ToyModel
@@ -140,20 +141,6 @@ def train_single(dataset: TensorDataset, batch_size: int, num_epochs: int, lr: f
 # ----------------------------------------------------------------- checkpoints
 
 
-def save_checkpoint(state: dict, path: str) -> None:
-    """Write ``state`` atomically: a reader never sees half a file (temp file + ``os.replace``)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_ckpt_")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        raise
-
-
 def _train_a_little(device: torch.device, num_steps: int) -> DDP:
     torch.manual_seed(0)
     model = wrap(ToyModel(), device)
@@ -256,6 +243,7 @@ def _mp_worker(local_rank: int, world_size: int, port: int, num_steps: int) -> N
         if local_rank == 0:
             print(f"{world_size} ranks, {backend}: final weights checksum {result['checksum']:.6f}")
     finally:
+        gc.collect()  # free the DDP model (it sits in reference cycles) while the group still exists
         dist.destroy_process_group()
 
 

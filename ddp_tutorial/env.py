@@ -11,6 +11,7 @@ saying how to start it, instead of a ``KeyError: 'RANK'``.
 
 from __future__ import annotations
 
+import gc
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -144,4 +145,8 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
     try:
         yield info, device
     finally:
+        # DDP's reducer and pending gloo work sit in reference cycles; freed later, at
+        # interpreter shutdown, they can abort the process ("terminate called without
+        # an active exception"). Free them while the group is still alive.
+        gc.collect()
         dist.destroy_process_group()

@@ -26,6 +26,7 @@ and returns its exit code and output (used from ``08_torchrun`` on).
 
 from __future__ import annotations
 
+import gc
 import io
 import multiprocessing as mp
 import os
@@ -176,6 +177,7 @@ def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, th
         report(("ok", result))
     finally:
         if init_pg and dist.is_initialized():
+            gc.collect()  # free DDP/gloo objects in cycles while the group lives (see env.distributed)
             dist.destroy_process_group()
 
 

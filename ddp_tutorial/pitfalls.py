@@ -29,11 +29,12 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ddp_tutorial.ddp_spawn import sampler_orders
 from ddp_tutorial.env import choose_backend, choose_device, distributed
 from ddp_tutorial.launch import LOCALHOST, WorkerError, WorkerTimeout, spawn
 
 __all__ = ["Outcome", "outcome", "extra_collective", "skips_barrier", "joins", "uneven_inputs",
-           "epoch_orders", "store_on_busy_port", "store_on_port_zero", "local_rank_as_launched",
+           "store_on_busy_port", "store_on_port_zero", "local_rank_as_launched",
            "HANG_CHECKLIST", "main"]
 
 
@@ -198,21 +199,6 @@ def uneven_inputs(rank: int, world_size: int, use_join: bool = False,
 # ---------------------------------------------------------- data and launcher
 
 
-def epoch_orders(rank: int, world_size: int, num_epochs: int = 3, set_epoch: bool = True,
-                 dataset_size: int = 8) -> list[list[int]]:
-    """The sample indices this rank gets in each epoch from a shuffling ``DistributedSampler``."""
-    from torch.utils.data import DistributedSampler
-
-    sampler = DistributedSampler(range(dataset_size), num_replicas=world_size, rank=rank,
-                                 shuffle=True, seed=0)
-    orders = []
-    for epoch in range(num_epochs):
-        if set_epoch:
-            sampler.set_epoch(epoch)  # the shuffle is seeded with seed + epoch
-        orders.append(list(sampler))
-    return orders
-
-
 def store_on_busy_port() -> str:
     """Start a rendezvous store on a port another process is listening on; return the error."""
     with socket.socket() as squatter:  # stands for the store of a previous run that never ended
@@ -290,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         for title, name, fn_args in _DEMOS:
             print(f"{title}: {outcome(getattr(m, name), 2, fn_args, timeout=60.0)}", flush=True)
         for flag in (False, True):
-            orders = [epoch_orders(r, 2, 3, set_epoch=flag) for r in range(2)]
+            orders = [sampler_orders(r, 2, 8, 3, set_epoch=flag) for r in range(2)]
             print(f"set_epoch={flag}: rank 0 sees {orders[0]}")
         from ddp_tutorial.checkpoint_pitfalls import main as checkpoint_demos
 

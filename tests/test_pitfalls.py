@@ -11,6 +11,7 @@ import torch
 from ddp_tutorial import checkpoint_pitfalls as cp
 from ddp_tutorial import pitfalls as P
 from ddp_tutorial import strays
+from ddp_tutorial.ddp_spawn import sampler_orders
 from ddp_tutorial.models import ToyModel
 
 
@@ -78,8 +79,8 @@ def test_uneven_inputs_hang_without_join_and_agree_with_join():
 
 
 def test_set_epoch_reshuffles_and_ranks_partition_each_epoch():
-    same = [P.epoch_orders(r, 2, 3, set_epoch=False) for r in range(2)]
-    fresh = [P.epoch_orders(r, 2, 3, set_epoch=True) for r in range(2)]
+    same = [sampler_orders(r, 2, 8, 3, set_epoch=False) for r in range(2)]
+    fresh = [sampler_orders(r, 2, 8, 3, set_epoch=True) for r in range(2)]
     assert all(orders[0] == orders[1] == orders[2] for orders in same)
     assert fresh[0][0] != fresh[0][1]
     for epoch in range(3):

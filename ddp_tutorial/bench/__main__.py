@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         modules.append(module)
     if args.json:
-        text = json.dumps([r.to_dict() for r in results], indent=2)
+        text = json.dumps([r.to_dict() for r in results], indent=2, allow_nan=False)  # strict JSON
         if args.json == "-":
             print(text)
         else:
