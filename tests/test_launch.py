@@ -181,7 +181,7 @@ def test_hello_runs_alone_as_a_world_of_one():
 
 
 def test_only_a_gloo_connection_failure_at_init_counts_as_a_flake_to_retry():
-    from ddp_tutorial.launch import _is_init_flake
+    from ddp_tutorial.launch._spawn import _is_init_flake
 
     mesh = "RuntimeError: Gloo connectFullMesh failed with ... Connection closed by peer"
     assert _is_init_flake({}, {0: (mesh, "", "init"), 1: (mesh, "", "init")})

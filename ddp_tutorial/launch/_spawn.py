@@ -1,58 +1,22 @@
-"""Run a worker on several processes from a notebook, a test or a shell.
-
-``spawn(fn, world_size)`` is what every notebook uses (from ``00_start_here`` on):
-
-    >>> from ddp_tutorial.launch import spawn
-    >>> from ddp_tutorial.hello import all_reduce_ranks
-    >>> spawn(all_reduce_ranks, world_size=2)
-    [1.0, 1.0]
-
-Why not ``torch.multiprocessing.spawn``? Three reasons a notebook feels:
-- Jupyter does not show what child processes print; here every rank's output is
-  captured and re-printed by the parent as ``[rank N] ...``, in rank order.
-- Each ``mp.spawn`` child imports torch from scratch (seconds). Here children are
-  forked from a *forkserver* that imported torch once, so a warm launch costs tens
-  of milliseconds (``python -m ddp_tutorial.bench launch`` measures it).
-- A failing or hanging rank must not freeze the kernel: it becomes a
-  ``WorkerError`` / ``WorkerTimeout`` and every child is stopped.
-
-The rendezvous store is hosted by the parent on a port the kernel picks
-(127.0.0.1 by default), so two launches never race for a port. Children join it
-as clients, exactly the way torchrun's workers join the agent's store.
-
-``torchrun(module, nproc_per_node)`` runs the real ``torchrun`` in a subprocess
-and returns its exit code and output (used from ``08_torchrun`` on).
-"""
+"""``launch.spawn``: start the ranks, collect their results and output, stop them all."""
 
 from __future__ import annotations
 
-import gc
-import io
 import multiprocessing as mp
 import os
 import pickle
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing import spawn as mp_spawn
 from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
-__all__ = ["spawn", "torchrun", "free_port", "WorkerError", "WorkerTimeout",
-           "TorchrunError", "TorchrunResult"]
+from ddp_tutorial.launch._child import _child, _children_skip_main, _context
 
 LOCALHOST = "127.0.0.1"
-# Imported once by the forkserver, so forked children start with torch loaded.
-# torch._dynamo too: DDP and the optimizers import it on first use, which costs
-# seconds in every child otherwise.
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddp_tutorial.launch"]
 
 
 class WorkerError(RuntimeError):
@@ -99,86 +63,6 @@ def _check_target(fn: Callable) -> None:
     if "<locals>" in qualname or "<lambda>" in qualname:
         raise ValueError(f"the worker {qualname!r} is a lambda or nested function, which cannot be "
                          "pickled; define it at the top level of a module.")
-
-
-@contextmanager
-def _children_skip_main():
-    """Children never re-run the caller's ``__main__`` (a script, pytest, the kernel).
-
-    multiprocessing normally re-imports ``__main__`` in each child so that
-    functions defined there can be found. ``spawn`` refuses such functions, so the
-    re-import would only cost time, and would fail in scripts without an
-    ``if __name__ == "__main__":`` guard.
-    """
-    original = mp_spawn.get_preparation_data
-
-    def prepare(name):
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    mp_spawn.get_preparation_data = prepare
-    try:
-        yield
-    finally:
-        mp_spawn.get_preparation_data = original
-
-
-def _context() -> mp.context.BaseContext:
-    if sys.platform == "win32" or "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
-
-
-def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, threads, timeout):
-    """Runs in the child: redirect output, set up the group, run ``fn``, send back the result."""
-    os.setpgrp()  # own process group: the parent can stop this rank and anything it started
-    out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), encoding="utf-8",
-                                  errors="replace", write_through=True)
-    sys.stderr = sys.stdout
-    os.environ.clear()  # a forkserver child has the server's environment: use the caller's
-    os.environ.update(env)
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(threads)
-
-    def report(status: tuple) -> None:
-        sys.stdout.flush()
-        try:
-            payload = pickle.dumps(status)
-        except Exception as exc:
-            payload = pickle.dumps(("error", f"the return value of rank {rank} cannot be pickled: {exc}", "", "run"))
-        conn.send_bytes(payload)
-        conn.close()
-
-    stage = "init"
-    try:
-        if init_pg:
-            from ddp_tutorial.env import choose_backend, set_device_for
-
-            chosen = backend or choose_backend(local_world_size=world_size)
-            set_device_for(rank, chosen)
-            dist.init_process_group(chosen, rank=rank, world_size=world_size,
-                                    timeout=timedelta(seconds=timeout))
-        stage = "run"
-        result = fn(rank, world_size, *args)
-    except BaseException as exc:  # report everything, even SystemExit, to the parent
-        # Report before tearing down: the teardown makes the other ranks fail too,
-        # and the parent should hear about the cause first.
-        report(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), stage))
-    else:
-        report(("ok", result))
-    finally:
-        if init_pg and dist.is_initialized():
-            gc.collect()  # free DDP/gloo objects in cycles while the group lives (see env.distributed)
-            dist.destroy_process_group()
 
 
 def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
@@ -354,79 +238,3 @@ def _has_message(conns: dict, rank: int) -> bool:
         if r == rank and conn.poll():
             return True
     return False
-
-
-# ----------------------------------------------------------------- torchrun
-
-
-@dataclass
-class TorchrunResult:
-    returncode: int
-    output: str
-
-    def __str__(self) -> str:
-        return self.output
-
-
-class TorchrunError(RuntimeError):
-    def __init__(self, result: TorchrunResult, command: Sequence[str]):
-        self.result = result
-        super().__init__(f"torchrun exited with code {result.returncode}: {' '.join(command)}\n"
-                         f"--- output ---\n{result.output.rstrip()}")
-
-
-def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (),
-                     **opts: Any) -> list[str]:
-    """The ``torchrun`` command line for ``module``; ``opts`` become ``--key=value``.
-
-    Without rendezvous options it adds ``--standalone`` (one node, a free port on
-    localhost chosen by torchrun itself).
-    """
-    rdzv_keys = {"standalone", "nnodes", "rdzv_endpoint", "master_port", "master_addr", "rdzv_backend"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
-    if not rdzv_keys & set(opts):
-        cmd.append("--standalone")
-    for key, value in opts.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            cmd.append(flag)
-        elif value not in (False, None):
-            cmd.append(f"{flag}={value}")
-    return cmd + ["-m", module] + [str(a) for a in args]
-
-
-def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,
-             timeout: float = 300.0, check: bool = True, env: dict | None = None,
-             **opts: Any) -> TorchrunResult:
-    """Run ``torchrun ... -m module args`` and return its exit code and output.
-
-    Raises ``TorchrunError`` (with the whole output) on a non-zero exit when
-    ``check`` is true, and ``TimeoutError`` after ``timeout`` seconds; either way
-    torchrun and all its workers are gone when this returns.
-    """
-    cmd = torchrun_command(module, nproc_per_node, args, **opts)
-    run_env = dict(os.environ if env is None else env)
-    run_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
-    run_env["PYTHONUNBUFFERED"] = "1"
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=run_env, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_session(proc)
-        output, _ = proc.communicate()
-        raise TimeoutError(f"torchrun did not finish within {timeout:g} s: {' '.join(cmd)}\n"
-                           f"--- output ---\n{output}") from None
-    finally:
-        _kill_session(proc)
-    result = TorchrunResult(proc.returncode, output)
-    if check and proc.returncode != 0:
-        raise TorchrunError(result, cmd)
-    return result
-
-
-def _kill_session(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -1,0 +1,33 @@
+"""Run a worker on several processes from a notebook, a test or a shell.
+
+``spawn(fn, world_size)`` is what every notebook uses (from ``00_start_here`` on):
+
+    >>> from ddp_tutorial.launch import spawn
+    >>> from ddp_tutorial.hello import all_reduce_ranks
+    >>> spawn(all_reduce_ranks, world_size=2)
+    [1.0, 1.0]
+
+Why not ``torch.multiprocessing.spawn``? Three reasons a notebook feels:
+- Jupyter does not show what child processes print; here every rank's output is
+  captured and re-printed by the parent as ``[rank N] ...``, in rank order.
+- Each ``mp.spawn`` child imports torch from scratch (seconds). Here children are
+  forked from a *forkserver* that imported torch once, so a warm launch costs tens
+  of milliseconds (``python -m ddp_tutorial.bench launch`` measures it).
+- A failing or hanging rank must not freeze the kernel: it becomes a
+  ``WorkerError`` / ``WorkerTimeout`` and every child is stopped.
+
+The rendezvous store is hosted by the parent on a port the kernel picks
+(127.0.0.1 by default), so two launches never race for a port. Children join it
+as clients, exactly the way torchrun's workers join the agent's store.
+
+``torchrun(module, nproc_per_node)`` runs the real ``torchrun`` in a subprocess
+and returns its exit code and output (used from ``08_torchrun`` on).
+"""
+
+from ddp_tutorial.launch._spawn import (LOCALHOST, WorkerError, WorkerTimeout, free_port,  # noqa: F401
+                                        spawn)
+from ddp_tutorial.launch._torchrun import (TorchrunError, TorchrunResult, torchrun,  # noqa: F401
+                                           torchrun_command)
+
+__all__ = ["spawn", "torchrun", "torchrun_command", "free_port", "WorkerError", "WorkerTimeout",
+           "TorchrunError", "TorchrunResult", "LOCALHOST"]

@@ -1,0 +1,87 @@
+"""``launch.torchrun``: run the real torchrun from a notebook or a test, output captured."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+
+@dataclass
+class TorchrunResult:
+    """What ``torchrun`` returned: its exit code and everything it and its workers printed."""
+
+    returncode: int
+    output: str
+
+    def __str__(self) -> str:
+        return self.output
+
+
+class TorchrunError(RuntimeError):
+    """torchrun exited non-zero; ``result`` holds the exit code and the whole output."""
+
+    def __init__(self, result: TorchrunResult, command: Sequence[str]):
+        self.result = result
+        super().__init__(f"torchrun exited with code {result.returncode}: {' '.join(command)}\n"
+                         f"--- output ---\n{result.output.rstrip()}")
+
+
+def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (),
+                     **opts: Any) -> list[str]:
+    """The ``torchrun`` command line for ``module``; ``opts`` become ``--key=value``.
+
+    Without rendezvous options it adds ``--standalone`` (one node, a free port on
+    localhost chosen by torchrun itself).
+    """
+    rdzv_keys = {"standalone", "nnodes", "rdzv_endpoint", "master_port", "master_addr", "rdzv_backend"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
+    if not rdzv_keys & set(opts):
+        cmd.append("--standalone")
+    for key, value in opts.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        elif value not in (False, None):
+            cmd.append(f"{flag}={value}")
+    return cmd + ["-m", module] + [str(a) for a in args]
+
+
+def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,
+             timeout: float = 300.0, check: bool = True, env: dict | None = None,
+             **opts: Any) -> TorchrunResult:
+    """Run ``torchrun ... -m module args`` and return its exit code and output.
+
+    Raises ``TorchrunError`` (with the whole output) on a non-zero exit when
+    ``check`` is true, and ``TimeoutError`` after ``timeout`` seconds; either way
+    torchrun and all its workers are gone when this returns.
+    """
+    cmd = torchrun_command(module, nproc_per_node, args, **opts)
+    run_env = dict(os.environ if env is None else env)
+    run_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
+    run_env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=run_env, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        output, _ = proc.communicate()
+        raise TimeoutError(f"torchrun did not finish within {timeout:g} s: {' '.join(cmd)}\n"
+                           f"--- output ---\n{output}") from None
+    finally:
+        _kill_session(proc)
+    result = TorchrunResult(proc.returncode, output)
+    if check and proc.returncode != 0:
+        raise TorchrunError(result, cmd)
+    return result
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
