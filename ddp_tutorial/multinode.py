@@ -5,12 +5,13 @@ reports and prints one JSON line per rank (prefix ``WHOAMI``), so the output
 is in rank order however the processes interleave. From a shell:
 
     torchrun --nproc-per-node=2 -m ddp_tutorial.multinode
-    python -m torch.distributed.launch --nproc-per-node=2 --master-port=29501 -m ddp_tutorial.multinode
+    python -m torch.distributed.launch --nproc-per-node=2 --master-port=$PORT -m ddp_tutorial.multinode
     python -m ddp_tutorial.multinode                       # one process, a world of one
 
-    # two nodes: run on each machine, NODE=0 on the one at MASTER_ADDR, NODE=1 on the other
+    # two nodes: run on each machine, NODE=0 on the one at MASTER_ADDR, NODE=1 on the other;
+    # MASTER_PORT (and PORT above) is any free port you choose, the same on every node
     torchrun --nnodes=2 --node-rank=$NODE --nproc-per-node=2 \\
-        --master-addr=$MASTER_ADDR --master-port=29500 -m ddp_tutorial.multinode
+        --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT -m ddp_tutorial.multinode
 """
 
 from __future__ import annotations
