@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, TextIO
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["choose_backend", "choose_device", "set_device_for", "RankInfo", "NotLaunchedError",
-           "rank_info", "launched_by_torchrun", "distributed"]
+           "rank_info", "launched_by_torchrun", "whole_lines", "distributed"]
 
 
 def choose_backend(cuda_devices: int | None = None, local_world_size: int = 1,
@@ -113,6 +114,19 @@ def rank_info(environ: Mapping[str, str] | None = None, *, module: str = "this m
     return RankInfo(rank, local_rank, world_size, local_world_size, restarts)
 
 
+def whole_lines(*streams: TextIO) -> None:
+    """Make every ``print`` reach the OS as one write, so ranks sharing a pipe never split a line.
+
+    Under torchrun all ranks write to one stdout. Unbuffered Python (``-u``,
+    ``PYTHONUNBUFFERED``) writes a line's text and its newline separately, and
+    another rank's output can land in between. Defaults to stdout and stderr.
+    """
+    for stream in streams or (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a notebook's streams have none
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)
+
+
 @contextmanager
 def distributed(backend: str | None = None, *, timeout: float = 300.0,
                 environ: Mapping[str, str] | None = None) -> Iterator[tuple[RankInfo, torch.device]]:
@@ -126,6 +140,7 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
     if dist.is_initialized():
         yield info, choose_device(info.local_rank, dist.get_backend())
         return
+    whole_lines()  # ranks share one stdout under torchrun: keep each printed line whole
     backend = backend or choose_backend(local_world_size=info.local_world_size)
     device = set_device_for(info.local_rank, backend)
     limit = timedelta(seconds=timeout)

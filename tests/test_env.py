@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import io
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from ddp_tutorial.env import (NotLaunchedError, RankInfo, choose_backend, choose_device,
-                              rank_info)
+                              rank_info, whole_lines)
 
 
 @pytest.mark.parametrize("cuda_devices, local_world_size, nccl, expected", [
@@ -73,3 +79,64 @@ def test_without_torchrun_a_module_that_needs_it_says_how_to_start():
 def test_broken_environments_get_clear_errors(env, message):
     with pytest.raises(NotLaunchedError, match=message):
         rank_info(env)
+
+
+class _Recorder(io.RawIOBase):
+    """A raw stream that records each write the text layer makes (each would be one syscall)."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.writes.append(bytes(data))
+        return len(data)
+
+
+def _unbuffered_text_stream() -> tuple[io.TextIOWrapper, _Recorder]:
+    raw = _Recorder()
+    # what ``python -u`` / PYTHONUNBUFFERED gives sys.stdout
+    return io.TextIOWrapper(raw, encoding="utf-8", write_through=True), raw
+
+
+def test_unbuffered_print_splits_a_line_into_several_writes():
+    stream, raw = _unbuffered_text_stream()
+    print("all_reduce over", 2, "ranks: OK", file=stream)
+    assert len(raw.writes) > 1  # another rank's output can land between these
+
+
+def test_whole_lines_makes_each_printed_line_one_write():
+    stream, raw = _unbuffered_text_stream()
+    whole_lines(stream)
+    print("all_reduce over", 2, "ranks: OK", file=stream)
+    print("second line", file=stream)
+    assert raw.writes == [b"all_reduce over 2 ranks: OK\n", b"second line\n"]
+
+
+def test_whole_lines_leaves_streams_without_reconfigure_alone():
+    whole_lines(io.StringIO())  # e.g. a notebook's output stream: no error
+
+
+_WRITER = """
+import sys
+from ddp_tutorial.env import whole_lines
+whole_lines()
+rank = sys.argv[1]
+for i in range(3000):
+    print("rank", rank, "line", i, "of many words to widen the window: OK")
+"""
+
+
+def test_ranks_sharing_one_pipe_never_split_lines():
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    read_end, write_end = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(rank)], stdout=write_end, env=env)
+             for rank in range(2)]
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        lines = pipe.read().splitlines()
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    broken = [line for line in lines if not re.fullmatch(r"rank [01] line \d+ of many words to widen the window: OK", line)]
+    assert not broken and len(lines) == 6000
