@@ -1,0 +1,15 @@
+"""Matplotlib drawings used by the notebooks, made from values the workers really returned.
+
+Functions take an ``ax`` (or create a figure) and return it; they never call
+``plt.show()``. ``comm``: collectives, the ring, bandwidth (lessons 02-05, 07);
+``timelines``: overlap, bucket sweeps, pipelines (07, 09).
+"""
+
+from ddp_tutorial.plots.comm import (plot_allreduce_fit, plot_busbw, plot_collective, plot_ring_steps,
+                                     plot_subgroups, plot_token_ring)
+from ddp_tutorial.plots.timelines import (plot_bucket_sweep, plot_overlap_timeline, plot_pipeline_timeline,
+                                          plot_stage_grid)
+
+__all__ = ["plot_collective", "plot_ring_steps", "plot_busbw", "plot_subgroups", "plot_token_ring",
+           "plot_allreduce_fit", "plot_overlap_timeline", "plot_bucket_sweep", "plot_pipeline_timeline",
+           "plot_stage_grid"]
