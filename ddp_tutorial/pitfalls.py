@@ -4,12 +4,11 @@ Used by ``11_debugging_and_pitfalls``. Every worker here is a small program with
 one classic mistake, plus a switch that applies the fix; ``outcome()`` runs one
 through ``launch.spawn`` and describes what happened in one stable line (an
 error, a hang stopped by the timeout, or the results). Files and processes:
-``ddp_tutorial.strays``. From a shell:
+``ddp_tutorial.strays``; checkpoints: ``checkpoint_pitfalls``; ports and
+``--local_rank``: ``launcher_pitfalls``. From a shell:
 
     python -m ddp_tutorial.pitfalls                  # every demo, symptom then fix
     python -m ddp_tutorial.pitfalls checklist        # the checklist for hangs
-    torchrun --nproc-per-node=2 -m ddp_tutorial.pitfalls local-rank
-    torchrun --nproc-per-node=2 -m ddp_tutorial.pitfalls local-rank --local_rank=0
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import contextlib
 import io
 import os
 import re
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -30,11 +28,10 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.ddp_spawn import sampler_orders
-from ddp_tutorial.env import choose_backend, choose_device, distributed
-from ddp_tutorial.launch import LOCALHOST, WorkerError, WorkerTimeout, spawn
+from ddp_tutorial.env import choose_backend, distributed
+from ddp_tutorial.launch import WorkerError, WorkerTimeout, spawn
 
 __all__ = ["Outcome", "outcome", "extra_collective", "skips_barrier", "joins", "uneven_inputs",
-           "store_on_busy_port", "store_on_port_zero", "local_rank_as_launched",
            "HANG_CHECKLIST", "main"]
 
 
@@ -196,45 +193,6 @@ def uneven_inputs(rank: int, world_size: int, use_join: bool = False,
         return done, f"weights sum {sum(p.sum().item() for p in model.parameters()):.4f}"
 
 
-# ---------------------------------------------------------- data and launcher
-
-
-def store_on_busy_port() -> str:
-    """Start a rendezvous store on a port another process is listening on; return the error."""
-    with socket.socket() as squatter:  # stands for the store of a previous run that never ended
-        squatter.bind((LOCALHOST, 0))
-        squatter.listen()
-        port = squatter.getsockname()[1]
-        try:
-            dist.TCPStore(LOCALHOST, port, 1, is_master=True, timeout=timedelta(seconds=3))
-        except RuntimeError as exc:
-            found = re.search(r"name: (\w+), message: ([^\n]+)", str(exc))
-            return f"{type(exc).__name__}: " + (f"{found[1]} ({found[2]})" if found else _clean(str(exc)))
-    return "no error"
-
-
-def store_on_port_zero() -> bool:
-    """Port 0 asks the kernel for a free port: what ``launch.spawn`` and ``torchrun --standalone`` do."""
-    store = dist.TCPStore(LOCALHOST, 0, 1, is_master=True, timeout=timedelta(seconds=3))
-    return store.port > 0
-
-
-def local_rank_as_launched(rank: int, world_size: int, argv: Sequence[str]) -> None:
-    """Run this module's ``main(argv)`` in a rank, the way torchrun runs a script in each process."""
-    main(list(argv))
-
-
-def _local_rank_report(args: argparse.Namespace) -> None:
-    from ddp_tutorial.multinode import resolve_local_rank  # the fix, from 08_torchrun
-
-    info = f"rank {os.environ.get('RANK', '0')}: --local_rank gives {args.local_rank}, " \
-           f"LOCAL_RANK gives {os.environ.get('LOCAL_RANK', 'unset')}, " \
-           f"resolve_local_rank gives {resolve_local_rank(None)}"
-    backend = choose_backend(local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    device = choose_device(int(os.environ.get("LOCAL_RANK", 0)), backend)
-    print(f"{info} -> device {device}")
-
-
 HANG_CHECKLIST = """\
 When a distributed job hangs or will not start
  1. Same versions everywhere: python -m ddp_tutorial on each node (torch, CUDA, NCCL, Python).
@@ -259,31 +217,26 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("demo", help="every demo: symptom, then fix (the default)")
     sub.add_parser("checklist", help="print the checklist for hangs")
-    old = sub.add_parser("local-rank", help="what a script written for torch.distributed.launch sees")
-    # Written the old way on purpose: torch.distributed.launch passed --local_rank=N
-    # (--local-rank=N since torch 2.0); torchrun passes nothing and sets LOCAL_RANK.
-    old.add_argument("--local_rank", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "checklist":
         print(HANG_CHECKLIST, end="")
-    elif args.command == "local-rank":
-        _local_rank_report(args)
-    else:
-        from ddp_tutorial.strays import run_all as run_process_demos
+        return 0
+    from ddp_tutorial import launcher_pitfalls as launcher
+    from ddp_tutorial import pitfalls as m  # under python -m this file is __main__
+    from ddp_tutorial.checkpoint_pitfalls import main as checkpoint_demos
+    from ddp_tutorial.strays import run_all as run_process_demos
 
-        from ddp_tutorial import pitfalls as m  # under python -m this file is __main__
-
-        for title, name, fn_args in _DEMOS:
-            print(f"{title}: {outcome(getattr(m, name), 2, fn_args, timeout=60.0)}", flush=True)
-        for flag in (False, True):
-            orders = [sampler_orders(r, 2, 8, 3, set_epoch=flag) for r in range(2)]
-            print(f"set_epoch={flag}: rank 0 sees {orders[0]}")
-        from ddp_tutorial.checkpoint_pitfalls import main as checkpoint_demos
-
-        checkpoint_demos()
-        print(f"port already in use: {store_on_busy_port()}")
-        print(f"port 0 instead: free port found = {store_on_port_zero()}")
-        run_process_demos()
+    for title, name, fn_args in _DEMOS:
+        print(f"{title}: {outcome(getattr(m, name), 2, fn_args, timeout=60.0)}", flush=True)
+    for flag in (False, True):
+        orders = [sampler_orders(r, 2, 8, 3, set_epoch=flag) for r in range(2)]
+        print(f"set_epoch={flag}: rank 0 sees {orders[0]}")
+    checkpoint_demos()
+    print(f"port already in use: {launcher.store_on_busy_port()}")
+    print(f"port 0 instead: free port found = {launcher.store_on_port_zero()}")
+    local_rank = outcome(launcher.local_rank_as_launched, 2, ([],), timeout=60.0)
+    print(*local_rank.log_lines("gives"), sep="\n")
+    run_process_demos()
     return 0
 
 

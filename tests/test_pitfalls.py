@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from ddp_tutorial import checkpoint_pitfalls as cp
+from ddp_tutorial import launcher_pitfalls as L
 from ddp_tutorial import pitfalls as P
 from ddp_tutorial import strays
 from ddp_tutorial.ddp_spawn import sampler_orders
+from ddp_tutorial.launch import torchrun
 from ddp_tutorial.models import ToyModel
 
 
@@ -88,20 +90,33 @@ def test_set_epoch_reshuffles_and_ranks_partition_each_epoch():
 
 
 def test_busy_port_and_port_zero():
-    assert "EADDRINUSE" in P.store_on_busy_port()
-    assert P.store_on_port_zero() is True
+    assert "EADDRINUSE" in L.store_on_busy_port()
+    assert L.store_on_port_zero() is True
 
 
 @pytest.mark.timeout(60)
 def test_local_rank_argument_versus_environment():
-    old = P.outcome(P.local_rank_as_launched, 2, (["local-rank"],), timeout=30)
+    old = P.outcome(L.local_rank_as_launched, 2, ([],), timeout=30)
     assert old.kind == "ok"
     lines = old.log_lines("gives")
     assert "--local_rank gives 0, LOCAL_RANK gives 0, resolve_local_rank gives 0" in lines[0]
     assert "--local_rank gives 0, LOCAL_RANK gives 1, resolve_local_rank gives 1" in lines[1]
-    new_spelling = P.outcome(P.local_rank_as_launched, 2, (["local-rank", "--local-rank=1"],), timeout=30)
+    new_spelling = P.outcome(L.local_rank_as_launched, 2, (["--local-rank=1"],), timeout=30)
     assert new_spelling.kind == "error" and "SystemExit" in new_spelling.message
     assert new_spelling.log_lines("unrecognized arguments: --local-rank=1")
+
+
+@pytest.mark.timeout(120)
+def test_local_rank_module_under_real_torchrun():
+    output = torchrun("ddp_tutorial.launcher_pitfalls", nproc_per_node=2, timeout=100).output
+    lines = sorted(line.split(" -> ")[0] for line in output.splitlines() if "gives" in line)
+    assert lines == [f"rank {r}: --local_rank gives 0, LOCAL_RANK gives {r}, resolve_local_rank gives {r}"
+                     for r in (0, 1)]
+
+
+def test_pitfalls_checklist_command(capsys):
+    assert P.main(["checklist"]) == 0
+    assert capsys.readouterr().out == P.HANG_CHECKLIST
 
 
 @pytest.mark.timeout(60)
