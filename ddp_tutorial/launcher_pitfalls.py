@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from ddp_tutorial.env import choose_backend, choose_device
 from ddp_tutorial.launch import LOCALHOST
+from ddp_tutorial.pitfalls import clean_message
 
 __all__ = ["store_on_busy_port", "store_on_port_zero", "local_rank_report", "local_rank_as_launched", "main"]
 
@@ -37,8 +38,7 @@ def store_on_busy_port() -> str:
             dist.TCPStore(LOCALHOST, port, 1, is_master=True, timeout=timedelta(seconds=3))
         except RuntimeError as exc:
             found = re.search(r"name: (\w+), message: ([^\n]+)", str(exc))
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            return f"{type(exc).__name__}: " + (f"{found[1]} ({found[2]})" if found else first_line)
+            return f"{type(exc).__name__}: " + (f"{found[1]} ({found[2]})" if found else clean_message(str(exc)))
     return "no error"
 
 

@@ -31,7 +31,7 @@ from ddp_tutorial.ddp_spawn import sampler_orders
 from ddp_tutorial.env import choose_backend, distributed
 from ddp_tutorial.launch import WorkerError, WorkerTimeout, spawn
 
-__all__ = ["Outcome", "outcome", "extra_collective", "skips_barrier", "joins", "uneven_inputs",
+__all__ = ["Outcome", "outcome", "clean_message", "extra_collective", "skips_barrier", "joins", "uneven_inputs",
            "HANG_CHECKLIST", "main"]
 
 
@@ -58,10 +58,10 @@ class Outcome:
 
     def log_lines(self, pattern: str) -> list[str]:
         """Lines of the relayed output matching ``pattern``, without timestamps and source paths."""
-        return [_clean(line) for line in self.log.splitlines() if re.search(pattern, line)]
+        return [clean_message(line) for line in self.log.splitlines() if re.search(pattern, line)]
 
 
-def _clean(text: str) -> str:
+def clean_message(text: str) -> str:
     """Drop what changes between runs and versions: log prefixes, source paths, ports, tensor options."""
     text = re.sub(r"\[rank\d+\]:\[[A-Z]\d{4} [\d:.]+ [^\]]+\] ", "", text)
     text = re.sub(r"\[(enforce fail at )?/[^\]]*\] ", "", text)
@@ -84,7 +84,7 @@ def outcome(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (
     except WorkerTimeout as exc:
         found = Outcome("hang", str(exc), ranks=tuple(exc.ranks))
     except WorkerError as exc:
-        found = Outcome("error", _clean(str(exc).split("\n")[0].split(": ", 1)[-1]), ranks=(exc.rank,))
+        found = Outcome("error", clean_message(str(exc).split("\n")[0].split(": ", 1)[-1]), ranks=(exc.rank,))
     found.seconds = time.monotonic() - start
     found.log = buffer.getvalue()
     return found
@@ -118,7 +118,7 @@ def extra_collective(rank: int, world_size: int, debug: str | None = None) -> fl
                 dist.all_reduce(loss)
             dist.all_reduce(grads)
         except RuntimeError as exc:  # DETAIL raises on every rank: return it, rank by rank
-            return f"{type(exc).__name__}: {_clean(str(exc))}"
+            return f"{type(exc).__name__}: {clean_message(str(exc))}"
         return grads.sum().item()
 
 
@@ -146,7 +146,7 @@ def joins(rank: int, world_size: int, claimed_world_size: int | None = None,
     try:
         _join(init_timeout, claimed_world_size)
     except RuntimeError as exc:  # every rank times out the same way: return it, rank by rank
-        return f"{type(exc).__name__}: {_clean(str(exc))}"
+        return f"{type(exc).__name__}: {clean_message(str(exc))}"
     try:
         return dist.get_world_size()
     finally:
