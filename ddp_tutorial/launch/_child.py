@@ -54,6 +54,9 @@ def _context() -> mp.context.BaseContext:
 def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, threads, timeout):
     """Runs in the child: redirect output, set up the group, run ``fn``, send back the result."""
     os.setpgrp()  # own process group: the parent can stop this rank and anything it started
+    # What the forkserver preloaded (torch: about a million objects) lives as long as this
+    # process. Frozen, the gc.collect() at teardown skips it: milliseconds instead of 0.1 s.
+    gc.freeze()
     out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
