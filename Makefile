@@ -4,6 +4,7 @@
 #   make lab        Jupyter on notebooks/
 #   make notebooks  re-execute every notebook and store its outputs
 #   make bench      the benchmark suite (python -m ddp_tutorial.bench all)
+#   make bench-reference  the same, saved as lesson 12's reference run (on an idle machine)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -12,7 +13,7 @@ NBVAL  := --nbval --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install demo test unit nbval lab notebooks bench doctor clean
+.PHONY: install demo test unit nbval lab notebooks bench bench-reference doctor clean
 
 install: $(STAMP)
 
@@ -44,6 +45,9 @@ notebooks: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m ddp_tutorial.bench all
+
+bench-reference: $(STAMP)
+	$(PY) -m ddp_tutorial.bench all --json notebooks/data/bench_run.json --machine notebooks/data/bench_machine.json
 
 doctor: $(STAMP)
 	$(PY) -m ddp_tutorial

@@ -7,8 +7,8 @@
   all-reduce while backward goes on computing the remaining gradients.
 
 All three keep torch DDP's contract: construction broadcasts rank 0's parameters and
-buffers (buffers again before every forward that records gradients), and when ``loss.backward()`` returns every
-``param.grad`` holds the mean over ranks.
+buffers (buffers again before every forward that records gradients), and when
+``loss.backward()`` returns every ``param.grad`` holds the mean over ranks.
 
 Run the comparison with ``torch.nn.parallel.DistributedDataParallel``:
 
@@ -54,8 +54,9 @@ class _FromScratchDDP(nn.Module):
             p.register_post_accumulate_grad_hook(partial(self._hook, i))
 
     def forward(self, *args, **kwargs):
-        # E.g. BatchNorm statistics: rank 0's win, as in torch DDP. Like torch DDP, not under
-        # no_grad, so that rank 0 alone may evaluate the model without waiting for the others.
+        # E.g. BatchNorm statistics: rank 0's win, as in torch DDP. Simplified: we skip it under
+        # no_grad; torch DDP goes by the *previous* forward's grad mode, so its first no_grad
+        # forward after training still broadcasts. Evaluate on one rank with ddp.module(x).
         if self.broadcast_buffers and torch.is_grad_enabled():
             with torch.no_grad():
                 for b in self.module.buffers():

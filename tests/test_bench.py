@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from ddp_tutorial.bench import collectives, dp
 
@@ -75,15 +77,19 @@ def test_dp_tiny_run_and_ratios_match_rows():
 
 @pytest.mark.timeout(180)
 def test_command_line_writes_json_and_plot(tmp_path):
-    out, png = tmp_path / "run.json", tmp_path / "run.png"
+    out, png, machine = tmp_path / "run.json", tmp_path / "run.png", tmp_path / "machine.json"
     subprocess.run([sys.executable, "-m", "ddp_tutorial.bench", "collectives", "--world-sizes", "2",
                     "--ops", "all_reduce", "broadcast", "--max-bytes", "4096", "--iters", "1",
-                    "--repeat", "1", "--json", str(out), "--plot", str(png)],
+                    "--repeat", "1", "--json", str(out), "--plot", str(png), "--machine", str(machine)],
                    check=True, capture_output=True, text=True, timeout=170)
     (result,) = json.loads(out.read_text())
     assert result["columns"] == collectives.COLUMNS
     assert [r["collective"] for r in result["rows"]] == ["all_reduce", "broadcast"]
     assert png.stat().st_size > 0
+    info = json.loads(machine.read_text())
+    assert info["cpus"] == os.cpu_count() and info["torch"] == torch.__version__
+    assert info["command"].startswith("python -m ddp_tutorial.bench collectives --world-sizes 2")
+    assert len(info["loadavg_before"].split()) == 3 and info["seconds"] >= 0
 
 
 def test_saved_run_of_notebook_12_is_strict_json_and_consistent():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_tutorial.bench.ddp import fit_overhead_model, timeline
+from ddp_tutorial.bench.ddp import wrap, fit_overhead_model, timeline
 from ddp_tutorial.ddp_from_scratch import WRAPPERS, assign_buckets, compare_with_torch_ddp, make_model
 from ddp_tutorial.launch import spawn
 
@@ -153,3 +155,29 @@ def rank0_evaluates_alone(rank: int, world_size: int, kind: str) -> bool:
 def test_no_buffer_broadcast_under_no_grad():
     # The buffer broadcast lives in the shared base class: one wrapper is enough.
     assert spawn(rank0_evaluates_alone, 2, args=("bucketed",), timeout=30) == [True, True]
+
+
+def test_fit_overhead_model_is_not_thrown_by_one_slow_point():
+    latency, bandwidth = 50e-6, 2e9
+    calls = [1, 1, 1, 1, 1, 1, 1, 30, 27, 5, 2, 2]  # single all-reduces, then bucketings
+    nbytes = [1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6] + [3.69e6] * 5
+    seconds = [c * latency + b / bandwidth for c, b in zip(calls, nbytes)]
+    seconds[7] *= 10  # one measurement disturbed by another program
+    fit_latency, fit_bandwidth = fit_overhead_model(calls, nbytes, seconds)
+    assert fit_latency == pytest.approx(latency, rel=0.1)
+    assert fit_bandwidth == pytest.approx(bandwidth, rel=0.1)
+
+
+def bucket_layouts(rank: int, world_size: int) -> dict:
+    model, _ = make_model("big", seed=0)
+    wrapped = {cap: (wrap("torch", copy.deepcopy(model), cap), wrap("bucketed", copy.deepcopy(model), cap))
+               for cap in (None, 25.0)}
+    return {cap: (torch_ddp.bucket_bytes_cap_default, len(ours.buckets)) for cap, (torch_ddp, ours) in wrapped.items()}
+
+
+@pytest.mark.timeout(60)
+def test_benchmark_gives_torch_ddp_and_bucketed_ddp_the_same_buckets():
+    # torch DDP keeps its small first bucket only when bucket_cap_mb is not passed
+    layouts = spawn(bucket_layouts, 1, timeout=50)[0]
+    assert layouts[None] == (True, 2)  # 1 MB first bucket + the rest of the 3.7 MB of gradients
+    assert layouts[25.0] == (False, 1)  # an explicit cap is also the first bucket's: one bucket

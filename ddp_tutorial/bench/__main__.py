@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import platform
+import shlex
 import sys
+import time
 
 # Subcommand -> module in this package. Each lesson's benchmark lives in its own module.
 SUBCOMMANDS = ["launch", "allreduce", "ddp", "pipeline", "collectives", "dp", "train"]
@@ -23,10 +27,13 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=module.HELP if module else "every benchmark, one after another")
         p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout)")
         p.add_argument("--plot", metavar="PATH", help="also save a matplotlib figure (PNG)")
+        p.add_argument("--machine", metavar="PATH",
+                       help="also write what the run ran on (CPUs, GPUs, versions, load average) as JSON")
         if module and hasattr(module, "add_arguments"):
             module.add_arguments(p)
     args = parser.parse_args(argv)
     names = SUBCOMMANDS if args.command == "all" else [args.command]
+    started, load_before = time.monotonic(), _loadavg()
     results, modules = [], []
     for name in names:
         module = _load(name)
@@ -46,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with open(args.json, "w") as f:
                 f.write(text + "\n")
+    if args.machine:
+        with open(args.machine, "w") as f:
+            json.dump(_machine(argv, load_before, time.monotonic() - started), f, indent=2)
+            f.write("\n")
     if args.plot:
         import matplotlib
 
@@ -61,6 +72,23 @@ def main(argv: list[str] | None = None) -> int:
             fig.savefig(args.plot, dpi=100)
             print(f"figure saved to {args.plot}")
     return 0
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # not on every platform
+        return "unknown"
+
+
+def _machine(argv: list[str] | None, load_before: str, seconds: float) -> dict:
+    """What the numbers depend on: saved next to a run so that readers can judge them (``12_performance``)."""
+    import torch
+
+    return {"command": "python -m ddp_tutorial.bench " + shlex.join(sys.argv[1:] if argv is None else argv),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "cuda_devices": torch.cuda.device_count(),
+            "loadavg_before": load_before, "loadavg_after": _loadavg(), "seconds": round(seconds)}
 
 
 if __name__ == "__main__":

@@ -43,12 +43,13 @@ def bus_factor(world_size: int) -> float:
 def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
                    piece_bytes: int = PIECE_BYTES, max_calls: int = 100) -> list[dict]:
     """Best seconds per all-reduce of float32 messages, ring vs ``dist.all_reduce`` (slowest rank counts)."""
-    torch.manual_seed(rank)
     on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
     sync = torch.cuda.synchronize if on is not None else (lambda: None)  # GPU ops are asynchronous
     rows = []
     for size in sizes:
-        x = torch.randn(size // 4, device=on)
+        # Zeros stay zero however often they are summed (random values would grow to inf
+        # over repeated in-place SUMs); the values do not change the cost of sending or adding.
+        x = torch.zeros(size // 4, device=on)
         # Small messages: average over several calls, or the timer's resolution dominates.
         calls = max(1, min(max_calls, (4 * MB) // size))
         impls = {"ring": lambda: _ring(x, dist.ReduceOp.SUM, None, piece_bytes),

@@ -32,15 +32,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=20, help="timed rounds; the kinds take turns")
     parser.add_argument("--steps", type=int, default=3, help="steps per kind and round")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
-    parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    parser.add_argument("--bucket-cap-mb", type=float, default=None,
+                        help="default: each DDP's own (25 MB, the first bucket 1 MB)")
 
 
-def _wrap(kind: str, model: nn.Module, bucket_cap_mb: float) -> nn.Module:
+def wrap(kind: str, model: nn.Module, bucket_cap_mb: float | None) -> nn.Module:
+    """``kind``'s wrapper around ``model``. Torch DDP and ``BucketedDDP`` get the same buckets:
+    by default 25 MB with a 1 MB first bucket; an explicit cap applies to the first bucket
+    too (torch DDP keeps its small first bucket only when ``bucket_cap_mb`` is not given)."""
     if kind == "local":
         return model
     if kind == "torch":
         return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
-    return WRAPPERS[kind](model, **({"bucket_cap_mb": bucket_cap_mb} if kind == "bucketed" else {}))
+    if kind == "bucketed" and bucket_cap_mb is not None:
+        return BucketedDDP(model, bucket_cap_mb=bucket_cap_mb, first_bucket_mb=None)
+    return WRAPPERS[kind](model)
 
 
 def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
@@ -77,12 +83,13 @@ def _take_turns(steppers: dict, steps: int, repeat: int, device: torch.device) -
 
 
 def step_times(rank: int, world_size: int, kinds: tuple[str, ...] = KINDS, steps: int = 5, repeat: int = 7,
-               batch_size: int = 32, bucket_cap_mb: float = 25.0, seed: int = 0) -> dict[str, dict[str, float]]:
+               batch_size: int = 32, bucket_cap_mb: float | None = None,
+               seed: int = 0) -> dict[str, dict[str, float]]:
     """Seconds per training step of each kind (see ``KINDS``): ``best`` and ``median``."""
     device = rank_device()
     base, (n_in, n_out) = make_model("big", seed)
     x, y = _batch(rank, n_in, n_out, batch_size, seed, device)
-    steppers = {k: _stepper(_wrap(k, copy.deepcopy(base).to(device), bucket_cap_mb), x, y) for k in kinds}
+    steppers = {k: _stepper(wrap(k, copy.deepcopy(base).to(device), bucket_cap_mb), x, y) for k in kinds}
     result = _take_turns(steppers, steps, repeat, device)
     del steppers
     gc.collect()
@@ -140,11 +147,14 @@ def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 
 def fit_overhead_model(calls: list[float], nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
     """Least-squares fit of ``seconds = calls * latency + bytes / bandwidth``; returns (latency s, bandwidth B/s).
 
-    Neither constant may be negative: when noise pushes one below zero it is fixed at
-    zero (bandwidth infinite) and the other one is fitted alone.
+    The fit minimises *relative* errors (each row divided by its measured time), so
+    one slow, noisy point cannot outweigh the small ones. Neither constant may be
+    negative: when noise pushes one below zero it is fixed at zero (bandwidth
+    infinite) and the other one is fitted alone.
     """
-    a = torch.tensor([calls, nbytes], dtype=torch.float64).T
-    b = torch.tensor(seconds, dtype=torch.float64).unsqueeze(1)
+    weight = 1.0 / torch.tensor(seconds, dtype=torch.float64).unsqueeze(1)
+    a = torch.tensor([calls, nbytes], dtype=torch.float64).T * weight
+    b = torch.tensor(seconds, dtype=torch.float64).unsqueeze(1) * weight
     latency, inv_bw = torch.linalg.lstsq(a, b).solution.squeeze(1).tolist()
     if latency < 0:
         latency, inv_bw = 0.0, torch.linalg.lstsq(a[:, 1:], b).solution.item()
@@ -190,11 +200,13 @@ def run(args: argparse.Namespace) -> Result:
     median = {k: max(r[k]["median"] for r in per_rank) for k in KINDS}
     names = {"local": "no communication (floor)", "torch": "torch DDP", "bucketed": "BucketedDDP",
              "flat": "FlatDDP", "naive": "NaiveDDP"}
+    buckets = ("default buckets (25 MB, first 1 MB)" if args.bucket_cap_mb is None
+               else f"bucket_cap_mb={args.bucket_cap_mb:g} for every bucket")
     rows = [{"model": names[k], "best ms/step": 1e3 * best[k], "median ms/step": 1e3 * median[k],
              "best / torch DDP": best[k] / best["torch"]} for k in KINDS]
     return Result(
         name=f"ddp: DeepMLP 0.92M params in 32 tensors, {n} ranks, batch {args.batch_size}/rank, "
-             f"bucket_cap_mb={args.bucket_cap_mb:g} ({args.repeat} rounds x {args.steps} steps)",
+             f"{buckets} ({args.repeat} rounds x {args.steps} steps)",
         columns=["model", "best ms/step", "median ms/step", "best / torch DDP"],
         rows=rows,
         ratios={"BucketedDDP / torch DDP": best["bucketed"] / best["torch"],
