@@ -4,7 +4,8 @@
 threads. Every forward call it
 
 1. **scatters** the batch: splits it along dim 0, one chunk per device;
-2. **replicates** the module: copies every parameter and buffer to every device;
+2. **replicates** the module: copies every parameter and buffer to every other device
+   (the replica on the main device uses the originals);
 3. **parallel-applies**: runs each replica on its chunk, one Python thread each;
 4. **gathers** the outputs: concatenates them on the main device (``cuda:0``).
 
@@ -27,12 +28,15 @@ from ddp_tutorial.bench.common import timed
 
 
 class Broadcast(torch.autograd.Function):
-    """Forward: one copy of ``tensor`` per device. Backward: sum the copies' gradients on the main device."""
+    """Forward: ``tensor`` per device. Backward: sum the copies' gradients on the main device."""
 
     @staticmethod
     def forward(ctx, devices: Sequence[torch.device], tensor: torch.Tensor):
         ctx.main = tensor.device
-        return tuple(tensor.to(device, copy=True) for device in devices)
+        # devices[0] is the main device: like torch's broadcast_coalesced, it gets the
+        # original (a view, no copy); every other device gets a copy.
+        return tuple(tensor.view_as(tensor) if i == 0 else tensor.to(device, copy=True)
+                     for i, device in enumerate(devices))
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
@@ -60,7 +64,8 @@ def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[nn.Mod
 
     Gradients flowing into a replica's parameters end up summed in the original
     ``param.grad`` (see ``Broadcast``). A parameter used twice is copied once.
-    Buffers (BatchNorm statistics) are copied without gradients.
+    Buffers (BatchNorm statistics) are copied without gradients. The replica on
+    the main device (``devices[0]``) uses views of the originals: no copy.
     """
     devices = [torch.device(d) for d in devices]
     copies = {id(p): Broadcast.apply(devices, p) for p in module.parameters()}
@@ -200,7 +205,9 @@ def bytes_per_device(module: nn.Module, batch: torch.Tensor, num_devices: int,
 
     The main device (0) also keeps the whole batch, the gathered outputs, the
     summed gradients and the optimizer's state (``optimizer_states`` tensors per
-    parameter: 2 for Adam); the others hold only their chunk and a replica.
+    parameter: 2 for Adam); the others hold only their chunk and a replica. The
+    replica on device 0 shares the master weights (``broadcast_coalesced`` hands
+    back the originals for the source device), so only its gradients count there.
     """
     devices = [torch.device("cpu")] * num_devices
     params = sum(p.numel() * p.element_size() for p in module.parameters())
@@ -209,7 +216,7 @@ def bytes_per_device(module: nn.Module, batch: torch.Tensor, num_devices: int,
         outputs = parallel_apply(replicate(module, devices), chunks)
     rows = []
     for i, (chunk, out) in enumerate(zip(chunks, outputs)):
-        row = {"replica weights + grads": 2 * params,
+        row = {"replica weights + grads" if i else "replica grads": (2 if i else 1) * params,
                "input chunk + output chunk": chunk.numel() * chunk.element_size() + out.numel() * out.element_size()}
         if i == 0:
             whole_out = sum(o.numel() * o.element_size() for o in outputs)

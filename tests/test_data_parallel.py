@@ -134,6 +134,9 @@ def test_main_device_holds_the_most():
     assert len(rows) == 3 and totals[0] > totals[1] == totals[2]
     params = sum(p.numel() * 4 for p in ToyModel().parameters())
     assert rows[1]["replica weights + grads"] == 2 * params
+    # device 0's replica is the master copy itself: only its gradients are extra
+    assert rows[0]["replica grads"] == params and "replica weights + grads" not in rows[0]
+    assert rows[0]["master weights, grads, optimizer"] == 4 * params  # Adam: 2 states per parameter
 
 
 def test_torch_dataparallel_without_gpus_is_the_plain_module():
