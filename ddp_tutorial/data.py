@@ -150,8 +150,10 @@ def make_loaders(spec: DataSpec, batch_size: int, rank: int, world_size: int, *,
                  workers: int = 0, pin_memory: bool = False) -> tuple[DataLoader, DataLoader]:
     """Training loader over this rank's ``DistributedSampler`` share; test loader over its unpadded shard.
 
-    Training batches are all full (``drop_last``) so every rank takes the same
-    number of steps; a batch larger than a rank's share is a ``DataError``.
+    The sampler gives every rank ``ceil(N / world_size)`` training indices (repeating
+    a few samples when N is not a multiple of ``world_size``), so every rank takes the
+    same number of steps; ``drop_last`` only drops each rank's last partial batch, so
+    every batch is full. A batch larger than a rank's share is a ``DataError``.
     """
     if batch_size < 1:
         raise DataError(f"--batch-size must be at least 1, got {batch_size}")

@@ -232,15 +232,16 @@ def uneven_inputs(rank: int, world_size: int, use_join: bool = True, num_batches
 # ----------------------------------------------------------------- the classic mp.spawn recipe
 
 
-def _mp_worker(local_rank: int, world_size: int, port: int, num_steps: int) -> None:
+def _mp_worker(rank: int, world_size: int, port: int, num_steps: int) -> None:
     """What ``mp.spawn`` runs as ``fn(i, *args)``: the set-up ``launch.spawn`` does for us, written out."""
-    os.environ.update(MASTER_ADDR=LOCALHOST, MASTER_PORT=str(port), LOCAL_RANK=str(local_rank))
+    # mp.spawn starts every process on this one node, so the global rank is also the local rank.
+    os.environ.update(MASTER_ADDR=LOCALHOST, MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     backend = choose_backend(local_world_size=world_size)
-    set_device_for(local_rank, backend)
-    dist.init_process_group(backend, rank=local_rank, world_size=world_size)
+    set_device_for(rank, backend)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
-        result = toy_example(local_rank, world_size, num_steps)
-        if local_rank == 0:
+        result = toy_example(rank, world_size, num_steps)
+        if rank == 0:
             print(f"{world_size} ranks, {backend}: final weights checksum {result['checksum']:.6f}")
     finally:
         gc.collect()  # free the DDP model (it sits in reference cycles) while the group still exists

@@ -113,7 +113,9 @@ def simulate_nodes(nnodes: int = 2, nproc_per_node: int = 2, rendezvous: str = "
 
     ``static``: node ranks given (``--node-rank``), node 0 hosts the store at
     ``--master-addr:--master-port``. ``c10d``: the agents meet at ``--rdzv-endpoint``
-    and are handed node ranks in the order they arrive.
+    and number the nodes by sorting them (host name, then the agent's process id), not
+    by arrival, so do not count on a particular machine getting node rank 0; read
+    ``GROUP_RANK`` / ``RANK`` from the environment.
     """
     port = free_port()
 

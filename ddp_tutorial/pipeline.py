@@ -7,7 +7,7 @@ stage runs in its own thread here, the way each GPU runs its own stream of
 kernels: on a CPU a thread with one torch thread stands in for a device.
 
 An event is ``(stage, micro_batch, start, end)`` in seconds (or in units of the
-whole-batch stage time for ``ideal_schedule``); ``plots.draw_pipeline_timeline``
+whole-batch stage time for ``ideal_schedule``); ``plots.plot_pipeline_timeline``
 draws them.
 """
 

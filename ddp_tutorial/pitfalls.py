@@ -207,7 +207,10 @@ When a distributed job hangs or will not start
  7. Where is each rank stuck? py-spy dump --pid PID for every rank (pgrep -P <torchrun pid>).
  8. Finite timeouts: init_process_group(timeout=...) so a hang becomes an error.
  9. Same data length on every rank (DistributedSampler, drop_last) or DDP's Join.
-10. After a crash: find stray ranks by process id (ps -o pid,ppid,pgid,cmd) and end them by id.
+10. After a crash, end stray ranks by id, never by name. Find them by session
+    (ps -eo pid,ppid,sid,args), by the port they hold (ss -ltnp), or, for torchrun's
+    workers (each its own session, ppid 1 once torchrun died), by job id:
+    grep -l TORCHELASTIC_RUN_ID=ID /proc/[0-9]*/environ.
 """
 
 

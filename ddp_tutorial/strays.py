@@ -2,11 +2,14 @@
 
 Used by ``11_debugging_and_pitfalls``. ``crash_a_job()`` starts a launcher with
 two "ranks" (each holding a listening port, as rank 0's rendezvous store does)
-and kills the launcher with SIGKILL, the way an out-of-memory killer or a lost
-SSH session does: nothing tells the ranks, so they keep running and keep the
+and kills the launcher with SIGKILL, the way an out-of-memory killer or
+``kill -9`` does: nothing tells the ranks, so they keep running and keep the
 port. ``processes_in_session``/``listeners`` find them by id, ``end_processes``
 ends exactly those ids, never "every python process" (``pkill -f python`` would
 take your Jupyter kernel and other people's jobs with it). Linux (``/proc``).
+Finding ranks by session works for this launcher, not for torchrun, which starts
+each worker in a session of its own: find torchrun's orphans by port, or by the
+``TORCHELASTIC_RUN_ID`` torchrun puts in every worker's environment.
 
     python -m ddp_tutorial.strays
 """
@@ -111,7 +114,11 @@ def alive(pid: int) -> bool:
 
 
 def processes_in_session(session: int) -> list[int]:
-    """Live processes of a session (what ``ps -eo pid,sid,args`` lists): a job's processes."""
+    """Live processes of a session (what ``ps -eo pid,sid,args`` lists).
+
+    A job's processes when its launcher keeps them in its session, as ``crash_a_job``'s
+    does; not torchrun's workers, each of which leads a session of its own.
+    """
     found = []
     for pid in _all_pids():
         try:
