@@ -139,12 +139,23 @@ def test_main_device_holds_the_most():
     assert rows[0]["master weights, grads, optimizer"] == 4 * params  # Adam: 2 states per parameter
 
 
-def test_torch_dataparallel_without_gpus_is_the_plain_module():
-    model = ToyModel()
-    x = torch.randn(4, 10)
-    if torch.cuda.is_available():
-        pytest.skip("with GPUs nn.DataParallel really scatters")
-    torch.testing.assert_close(nn.DataParallel(model)(x), model(x))
+def test_default_devices_every_gpu_else_two_cpu_devices_that_really_split_the_batch(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert MiniDataParallel(ToyModel()).devices == [torch.device(f"cuda:{i}") for i in range(3)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    model = ToyModel().double()
+    wrapped = MiniDataParallel(model)
+    assert wrapped.devices == [torch.device("cpu")] * 2
+    seen = []  # the replicas share the original's hooks: one call per chunk
+    model.register_forward_hook(lambda module, inputs, output: seen.append(tuple(inputs[0].shape)))
+    x = torch.randn(7, 10, dtype=torch.float64)
+    out = wrapped(x)
+    assert sorted(seen, reverse=True) == [(4, 10), (3, 10)]  # two threads: in either order
+    seen.clear()
+    torch.testing.assert_close(out, model(x), atol=1e-12, rtol=1e-12)
+    assert seen == [(7, 10)]
 
 
 def test_cost_probes_return_times_for_every_phase():

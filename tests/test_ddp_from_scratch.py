@@ -92,6 +92,45 @@ def test_grads_are_the_mean_over_ranks(kind, model_name):
     assert results[1]["changed"] and results[2]["changed"]  # ...the others receive them
 
 
+def planted_buffers(rank: int) -> dict[str, torch.Tensor]:
+    """What rank ``rank`` writes into its BatchNorm's buffers before wrapping (rank 0 too, so
+    that rank 0's values are not just BatchNorm's defaults)."""
+    return {"running_mean": torch.full((8,), float(rank)) + torch.arange(8.0) * (rank == 0),
+            "running_var": torch.full((8,), float(rank + 1)),
+            "num_batches_tracked": torch.tensor(rank if rank else 7)}
+
+
+def buffers_after_wrapping(rank: int, world_size: int) -> dict:
+    """Each wrapper (and torch DDP) around a model whose BatchNorm buffers differ per rank: every
+    rank's buffers, gathered right after construction, before any forward."""
+    out = {}
+    for kind in ("torch", *WRAPPERS):
+        model, _ = make_model("shared", seed=rank)
+        with torch.no_grad():
+            for name, value in planted_buffers(rank).items():
+                getattr(model.norm, name).copy_(value)
+        wrapped = nn.parallel.DistributedDataParallel(model) if kind == "torch" else WRAPPERS[kind](model)
+        gathered = {}
+        for name, buf in wrapped.module.norm.named_buffers():
+            parts = [torch.empty_like(buf) for _ in range(world_size)]
+            dist.all_gather(parts, buf)
+            gathered[name] = parts
+        out[kind] = gathered
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_construction_broadcasts_rank0_buffers():
+    results = spawn(buffers_after_wrapping, 3, timeout=45)
+    want = planted_buffers(0)
+    for kind, gathered in results[0].items():
+        assert set(gathered) == set(want), kind
+        for name, parts in gathered.items():
+            for rank, got in enumerate(parts):
+                assert got.dtype == want[name].dtype and torch.equal(got, want[name]), (kind, name, rank, got)
+    assert set(results[0]) == {"torch", *WRAPPERS}
+
+
 def test_bucket_assignment():
     params = [torch.zeros(n) for n in (1000, 10, 1000, 10, 300_000, 10)]  # float32: 4 bytes each
     # Reverse order; a bucket closes when the next parameter would pass the cap.
@@ -169,15 +208,52 @@ def test_fit_overhead_model_is_not_thrown_by_one_slow_point():
 
 
 def bucket_layouts(rank: int, world_size: int) -> dict:
-    model, _ = make_model("big", seed=0)
-    wrapped = {cap: (wrap("torch", copy.deepcopy(model), cap), wrap("bucketed", copy.deepcopy(model), cap))
-               for cap in (None, 25.0)}
-    return {cap: (torch_ddp.bucket_bytes_cap_default, len(ours.buckets)) for cap, (torch_ddp, ours) in wrapped.items()}
+    """Torch DDP's real buckets, as its logger reports them once it has rebuilt them, and ours,
+    for the benchmark's two configurations. Each bucket: (parameter indices, bytes)."""
+    model, (n_in, _) = make_model("big", seed=0)
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]
+    out = {"param_bytes": sizes}
+    for cap in (None, 25.0):
+        torch_ddp, ours = wrap("torch", copy.deepcopy(model), cap), wrap("bucketed", copy.deepcopy(model), cap)
+        # Torch starts with one bucket, records the order gradients become ready in iteration 1,
+        # rebuilds its buckets in that order at the start of iteration 2, and its logger reports
+        # the rebuilt buckets when iteration 2's statistics are recorded, after iteration 3.
+        for _ in range(3):
+            torch_ddp(torch.randn(4, n_in)).square().mean().backward()
+        data = torch_ddp._get_ddp_logging_data()
+        assert data.get("has_rebuilt_buckets") == 1, data.get("has_rebuilt_buckets")
+        torch_buckets = [[int(i) for i in b.split()] for b in data["rebuilt_per_bucket_param_indices"].split(", ")]
+        torch_bytes = [int(n) for n in data["rebuilt_bucket_sizes"].split(", ")]
+        ours_bytes = [sum(sizes[i] for i in b) for b in ours.buckets]
+        out[cap] = {"torch": list(zip(torch_buckets, torch_bytes)), "ours": list(zip(ours.buckets, ours_bytes)),
+                    "torch_cap": data["bucket_cap_bytes"]}
+    return out
 
 
 @pytest.mark.timeout(60)
-def test_benchmark_gives_torch_ddp_and_bucketed_ddp_the_same_buckets():
-    # torch DDP keeps its small first bucket only when bucket_cap_mb is not passed
-    layouts = spawn(bucket_layouts, 1, timeout=50)[0]
-    assert layouts[None] == (True, 2)  # 1 MB first bucket + the rest of the 3.7 MB of gradients
-    assert layouts[25.0] == (False, 1)  # an explicit cap is also the first bucket's: one bucket
+def test_benchmark_buckets_against_torch_ddps_rebuilt_buckets():
+    layouts = spawn(bucket_layouts, 2, timeout=50)[0]
+    sizes = layouts["param_bytes"]
+    backward = list(reversed(range(len(sizes))))  # the order gradients become ready in this MLP
+    assert 2**20 < sum(sizes) < 25 * 2**20  # 3.5 MB of gradients: more than 1 MB, less than 25 MB
+
+    # An explicit 25 MB: also the first bucket's cap, in both; everything fits in one bucket.
+    assert layouts[25.0]["torch_cap"] == 25 * 2**20
+    assert layouts[25.0]["torch"] == layouts[25.0]["ours"] == [(backward, sum(sizes))]
+
+    # Default: 25 MB with a 1 MB first bucket (torch's _DEFAULT_FIRST_BUCKET_BYTES), in both: two
+    # buckets, the first one ~1 MB, in backward order. The first bucket's edge differs by one
+    # parameter: torch closes a bucket once it has *reached* its cap (adding the parameter that
+    # crosses it; see compute_bucket_assignment_by_size in torch's reducer), ours before the next
+    # parameter would *pass* it, so torch's first bucket is just over 1 MiB and ours just under.
+    assert dist._DEFAULT_FIRST_BUCKET_BYTES == 2**20
+    assert layouts[None]["torch_cap"] == 25 * 2**20
+    torch_layout, ours_layout = layouts[None]["torch"], layouts[None]["ours"]
+    assert len(torch_layout) == len(ours_layout) == 2
+    assert [i for b, _ in torch_layout for i in b] == [i for b, _ in ours_layout for i in b] == backward
+    for layout in (torch_layout, ours_layout):
+        assert [n for _, n in layout] == [sum(sizes[i] for i in b) for b, _ in layout]  # bytes = its parameters'
+    cumulative = [sum(sizes[i] for i in backward[:k + 1]) for k in range(len(backward))]
+    reach = next(k for k, c in enumerate(cumulative) if c >= 2**20) + 1  # shortest prefix reaching 1 MiB
+    assert torch_layout[0][0] == backward[:reach]
+    assert ours_layout[0][0] == backward[:reach - 1] and cumulative[reach - 2] <= 2**20

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import sys
+import threading
 
 import pytest
 import torch
@@ -102,8 +104,21 @@ def test_pipelined_forward_overlaps_in_order_and_records_every_stage():
 
 def test_pipelined_forward_reraises_a_stage_error():
     _, split = _pair()
-    with pytest.raises(RuntimeError):
-        pipelined_forward(split, torch.randn(4, 3, dtype=torch.float64), 2)
+    bad = torch.randn(4, 3, dtype=torch.float64)  # 3 features where stage 0 takes 10
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied") as plain:
+        split(bad[:2])
+    threads_before = threading.active_count()
+    # stage 0's own error, re-raised in the caller's thread (the same one a plain forward raises)
+    with pytest.raises(RuntimeError, match=re.escape(str(plain.value))):
+        pipelined_forward(split, bad, 2)
+
+    def broken(h):
+        raise ValueError("stage 1 gave up")
+
+    split.stage1 = broken  # an error in the last stage: no hang, same exception type
+    with pytest.raises(ValueError, match="stage 1 gave up"):
+        pipelined_forward(split, torch.randn(4, 10, dtype=torch.float64), 2)
+    assert threading.active_count() == threads_before  # both stage threads have ended
 
 
 @pytest.mark.parametrize("stages,micro", [(2, 1), (2, 4), (3, 2), (4, 8)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -55,16 +56,17 @@ def test_wrong_world_size_times_out_in_init_and_environment_fixes_it():
     assert P.outcome(P.joins, 2, (None, 30.0), timeout=60).results == [2, 2]
 
 
-def _reference_join_weights() -> float:
+def _reference_join_weights(last_divisor: float = 2, steps: int = 4) -> float:
     """One process replays what Join does: 3 averaged steps, then rank 1's grad / 2 (rank 0 adds zeros)."""
     torch.manual_seed(0)
     model = ToyModel()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(4):
+    for step in range(steps):
         opt.zero_grad()
         ranks = [0, 1] if step < 3 else [1]
+        divisor = 2 if step < 3 else last_divisor
         for rank in ranks:
-            (model(torch.full((4, 10), float(step + rank))).square().mean() / 2).backward()
+            (model(torch.full((4, 10), float(step + rank))).square().mean() / divisor).backward()
         opt.step()
     return sum(p.sum().item() for p in model.parameters())
 
@@ -77,7 +79,13 @@ def test_uneven_inputs_hang_without_join_and_agree_with_join():
     joined = P.outcome(P.uneven_inputs, 2, (True,), timeout=60)
     (steps0, w0), (steps1, w1) = joined.results
     assert (steps0, steps1) == (3, 4) and w0 == w1
-    assert float(w0.split()[-1]) == pytest.approx(_reference_join_weights(), abs=1e-3)
+    # The demo returns only the weights' sum, printed to 4 decimals (lesson 11 shows that string
+    # and the worker's source), so that is what can be compared: within its rounding.
+    # The sum does tell Join's answer from the plausible wrong ones below.
+    got, tol = float(w0.split()[-1]), 5e-5 + 1e-6
+    assert got == pytest.approx(_reference_join_weights(), abs=tol)
+    for wrong in (_reference_join_weights(last_divisor=1), _reference_join_weights(steps=3)):
+        assert abs(got - wrong) > 100 * tol  # rank 1's last gradient not averaged / not applied
 
 
 def test_set_epoch_reshuffles_and_ranks_partition_each_epoch():
@@ -116,7 +124,14 @@ def test_local_rank_module_under_real_torchrun():
 
 def test_pitfalls_checklist_command(capsys):
     assert P.main(["checklist"]) == 0
-    assert capsys.readouterr().out == P.HANG_CHECKLIST
+    out = capsys.readouterr().out
+    numbers = [int(m) for m in re.findall(r"^ ?(\d+)\. ", out, flags=re.MULTILINE)]
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 8
+    for item in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG=INFO", "TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                 "monitored_barrier", "py-spy dump", "MASTER_ADDR", "MASTER_PORT",
+                 "init_process_group(timeout=", "Join"):
+        assert item in out, item
+    assert callable(getattr(torch.distributed, "monitored_barrier", None))  # the API it names exists
 
 
 @pytest.mark.timeout(60)

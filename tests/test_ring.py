@@ -77,9 +77,9 @@ def pipelining_worker(rank: int, world_size: int) -> list[str]:
 
 
 def other_dtypes_worker(rank: int, world_size: int) -> list[str]:
-    """bool, uint8, int32, float16, bfloat16, complex64: equal where gloo answers, else refused too."""
+    """bool, uint8, int32, float16, bfloat16: equal where gloo answers, else refused too."""
     problems = []
-    for dtype in (torch.bool, torch.uint8, torch.int32, torch.float16, torch.bfloat16, torch.complex64):
+    for dtype in (torch.bool, torch.uint8, torch.int32, torch.float16, torch.bfloat16):
         for op in SUPPORTED_OPS:
             g = torch.Generator().manual_seed(rank)
             x = torch.randint(0, 3, (11,), generator=g).to(dtype)
@@ -95,10 +95,50 @@ def other_dtypes_worker(rank: int, world_size: int) -> list[str]:
                     problems.append(f"{dtype} {op.name}: refused, but dist.all_reduce answers")
                 continue
             if expected is None:
-                if not (dtype.is_complex and op == ReduceOp.PRODUCT):  # the one extra the ring does
-                    problems.append(f"{dtype} {op.name}: answered, but dist.all_reduce refuses")
+                problems.append(f"{dtype} {op.name}: answered, but dist.all_reduce refuses")
             elif not torch.equal(x, expected):
                 problems.append(f"{dtype} {op.name}: {x.tolist()} != {expected.tolist()}")
+    return problems
+
+
+def make_complex_input(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Small whole real and imaginary parts, none of them all zero: products stay exact."""
+    g = torch.Generator().manual_seed(rank)
+    real = torch.randint(-3, 4, (numel,), generator=g).double()
+    imag = torch.randint(-3, 4, (numel,), generator=g).double()
+    return torch.complex(real, imag).to(dtype)
+
+
+def complex_worker(rank: int, world_size: int) -> list[str]:
+    """Complex SUM/AVG against dist.all_reduce; PRODUCT (gloo refuses it) against the product of
+    every rank's input, rebuilt here from the ranks' seeds and multiplied in one process."""
+    problems = []
+    for dtype in (torch.complex64, torch.complex128):
+        for numel in (2, 11, 1001):  # fewer elements than ranks, a few, many pieces
+            x = make_complex_input(rank, numel, dtype)
+            if not (x.imag != 0).any() or not (x.real != 0).any():
+                problems.append(f"{dtype} {numel}: input has no imaginary (or real) part")
+            for op in (ReduceOp.SUM, ReduceOp.AVG):
+                expected = x.clone()
+                dist.all_reduce(expected, op)
+                got = x.clone()
+                _ring(got, op, None, piece_bytes=64)
+                if not torch.equal(got, expected):
+                    problems.append(f"{dtype} {op.name} {numel}: {got[:3].tolist()} != {expected[:3].tolist()}")
+            expected = make_complex_input(0, numel, torch.complex128)
+            for r in range(1, world_size):
+                expected = expected * make_complex_input(r, numel, torch.complex128)
+            with pytest.raises(ValueError, match="PRODUCT"):  # the one op the ring adds to gloo's
+                dist.all_reduce(x.clone(), ReduceOp.PRODUCT)
+            got = x.clone()
+            _ring(got, ReduceOp.PRODUCT, None, piece_bytes=64)
+            if not torch.equal(got, expected.to(dtype)):
+                problems.append(f"{dtype} PRODUCT {numel}: {got[:3].tolist()} != {expected[:3].tolist()}")
+            for op in (ReduceOp.MIN, ReduceOp.MAX):  # refused, as by gloo
+                with pytest.raises(TypeError, match="complex"):
+                    ring_all_reduce(x.clone(), op)
+                with pytest.raises(ValueError, match=op.name):
+                    dist.all_reduce(x.clone(), op)
     return problems
 
 
@@ -132,8 +172,14 @@ def test_random_floats_agree_and_every_rank_holds_the_same_bits(world_size):
 
 
 @pytest.mark.timeout(60)
-def test_small_and_complex_dtypes_agree_with_dist_or_are_refused_like_it():
+def test_small_dtypes_agree_with_dist_or_are_refused_like_it():
     assert spawn(other_dtypes_worker, 3, backend="gloo", timeout=45) == [[]] * 3
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_complex_sum_avg_equal_dist_and_product_equals_one_process_product(world_size):
+    assert spawn(complex_worker, world_size, backend="gloo", timeout=45) == [[]] * world_size
 
 
 @pytest.mark.timeout(60)
