@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
 
@@ -11,10 +13,12 @@ import torch
 
 from ddp_tutorial import multinode
 from ddp_tutorial.checkpoint import CheckpointError, load_checkpoint, same_weights, save_checkpoint
-from ddp_tutorial.data import digits, shard_indices
+from ddp_tutorial.data import digits, load_dataset, make_loaders, shard_indices
 from ddp_tutorial.launch import spawn, torchrun
-from ddp_tutorial.models import SmallCNN, ToyModel
-from ddp_tutorial.train import TrainConfig, main, train
+from ddp_tutorial.models import SmallCNN, ToyModel, build_model
+from ddp_tutorial.train import TrainConfig, main, seed_everything, train
+
+import train_workers
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -52,17 +56,27 @@ def test_digits_converges_and_only_rank0_writes(world_size, tmp_path):
     assert state["epoch"] == 4 and same_weights(state["model"], results[0]["weights"])
 
 
+def _steps_per_epoch(world_size: int, batch_size: int) -> int:
+    """Each rank gets ceil(N / world_size) training samples and drops its last partial batch."""
+    return math.ceil(len(digits(seed=0).train) / world_size) // batch_size
+
+
 @pytest.mark.timeout(180)
 def test_crash_and_restart_ends_with_the_uninterrupted_weights(tmp_path):
     ckpt = tmp_path / "restarted.pt"
+    per_epoch, fail_at = _steps_per_epoch(2, TrainConfig().batch_size), 30
+    assert per_epoch < fail_at <= 2 * per_epoch  # the crash comes in epoch 2, after one checkpoint
+    # One thread per rank, as in the spawn reference below (torchrun() would share out the cores),
+    # so both runs do the same float arithmetic and the results can be compared bitwise.
     run = torchrun("ddp_tutorial.train", 2, args=["--epochs", "2", "--checkpoint", ckpt, "--resume",
-                                                  "--fail-at-step", "30"], max_restarts=1, timeout=150)
-    assert "injected failure at step 30 (attempt 0)" in run.output
-    assert "resumed from restarted.pt after epoch 1 (step 22), attempt 1" in run.output
+                                                  "--fail-at-step", fail_at], max_restarts=1, timeout=150,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert f"injected failure at step {fail_at} (attempt 0)" in run.output
+    assert f"resumed from restarted.pt after epoch 1 (step {per_epoch}), attempt 1" in run.output
     reference = spawn(train, 2, args=(TrainConfig(num_epochs=2, log=False),), threads=1, timeout=100)
     restarted = load_checkpoint(str(ckpt))
-    assert restarted["epoch"] == 2 and restarted["step"] == 44
-    assert same_weights(restarted["model"], reference[0]["weights"], atol=1e-6)
+    assert restarted["epoch"] == 2 and restarted["step"] == reference[0]["steps"] == 2 * per_epoch
+    assert same_weights(restarted["model"], reference[0]["weights"])  # bitwise
     assert restarted["history"] == reference[0]["history"]
 
 
@@ -207,3 +221,86 @@ def test_bench_train_tiny_run_is_well_formed():
     for data in ("digits", "fake 32x32"):
         assert result.ratios[f"{data}: throughput 2 procs / 1 proc"] == pytest.approx(
             rate[(data, "2 (DDP)")] / rate[(data, "1")])
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_under_torchrun_is_one_line_per_node_and_no_worker_traceback():
+    run = torchrun("ddp_tutorial.train", 2, args=["--epochs", "0"], check=False, timeout=100)
+    assert run.returncode != 0
+    message = "ddp_tutorial.train: error: --epochs must be at least 1"
+    said = [line for line in run.output.splitlines() if message in line]
+    assert len(said) == 1, run.output  # local rank 0 says it; local rank 1 fails silently
+    # torchrun's summary: the first worker to fail left through main()'s `return 2` (an uncaught
+    # exception would be 1); the other one did too, or torchrun stopped it with SIGTERM (-15) first
+    summary = run.output.split("Failures:")[-1]
+    assert re.search(r"Root Cause.*?exitcode\s+:\s+2 ", summary, re.S), run.output
+    assert sorted(set(re.findall(r"exitcode\s+:\s+(-?\d+) ", summary))) in (["2"], ["-15", "2"]), run.output
+    # torchrun prints a traceback of its own (ChildFailedError); the workers print none
+    assert "ConfigError" not in run.output and "ddp_tutorial/train.py" not in run.output, run.output
+    for block in run.output.split("Traceback (most recent call last):")[1:]:
+        assert "torch.distributed.elastic.multiprocessing.errors.ChildFailedError" in block, run.output
+
+
+def _trained_weights(tmp_path, name: str, *options: str) -> dict:
+    """One process, one epoch of digits through main(); the final weights, read back from the checkpoint."""
+    path = str(tmp_path / f"{name}.pt")
+    assert main(["--epochs", "1", "--batch-size", "64", "--checkpoint", path, *options]) == 0
+    state = load_checkpoint(path)
+    assert state["step"] > 0  # it did take optimizer steps
+    return state["model"]
+
+
+@pytest.mark.timeout(60)
+def test_seed_fixes_the_result_and_lr_zero_keeps_the_initial_weights(tmp_path, capsys):
+    first = _trained_weights(tmp_path, "first", "--seed", "3")
+    again = _trained_weights(tmp_path, "again", "--seed", "3")
+    other = _trained_weights(tmp_path, "other", "--seed", "4")
+    frozen = _trained_weights(tmp_path, "frozen", "--seed", "3", "--lr", "0")
+    assert same_weights(first, again)  # bitwise
+    assert not same_weights(first, other, atol=1e-6)
+    # The reference for "initial weights", built outside train(): torch's generator seeded by hand,
+    # then the model. train.build() seeds, loads the data, builds the loaders, then the model; none
+    # of the data steps draws from the global RNG (digits() splits with a private torch.Generator;
+    # DistributedSampler and DataLoader draw nothing until iterated), checked here: the RNG state
+    # after loading is the state right after seeding. SmallCNN has no buffers (no BatchNorm), so
+    # with --lr 0 nothing in the state dict may move.
+    seed_everything(3)
+    after_seed = torch.get_rng_state()
+    make_loaders(load_dataset("digits", seed=3), 64, 0, 1, seed=3)
+    assert torch.equal(torch.get_rng_state(), after_seed)
+    torch.manual_seed(3)
+    initial = build_model("cnn", 1, 10).state_dict()
+    assert not list(SmallCNN().buffers())
+    assert same_weights(frozen, initial)  # bitwise
+    assert not same_weights(first, initial, atol=1e-6)  # a real lr does move them: the reference is not trivial
+    capsys.readouterr()
+
+
+def test_cifar10_dir_without_the_dataset_is_one_line(tmp_path, capsys):
+    (tmp_path / "junk.bin").write_bytes(b"not CIFAR-10")
+    code = main(["--dataset", "cifar10", "--data-dir", str(tmp_path), "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"ddp_tutorial.train: error: no usable CIFAR-10 in {tmp_path} (" in err
+    assert f"expected {tmp_path}/cifar-10-batches-py, or add --download" in err
+
+
+@pytest.mark.timeout(60)
+def test_cifar10_failed_download_stops_every_rank_with_rank0s_message(tmp_path):
+    results = spawn(train_workers.cifar10_download, 2, args=(str(tmp_path / "cifar"), True), threads=1, timeout=30)
+    messages = [message for message, _ in results]
+    calls = [call for _, rank_calls in results for call in rank_calls]
+    assert calls == [(0, True, False)]  # rank 0 tried once; rank 1 never touched torchvision
+    expected = f"downloading CIFAR-10 into {tmp_path / 'cifar'} failed: OSError: offline"
+    assert messages == [expected, expected]
+
+
+@pytest.mark.timeout(60)
+def test_cifar10_download_by_rank0_while_the_others_wait(tmp_path):
+    results = spawn(train_workers.cifar10_download, 2, args=(str(tmp_path), False), threads=1, timeout=30)
+    assert [message for message, _ in results] == [None, None]
+    downloads = [(rank, done) for _, rank_calls in results for rank, download, done in rank_calls if download]
+    loads = [(rank, done) for _, rank_calls in results for rank, download, done in rank_calls if not download]
+    assert downloads == [(0, False), (0, False)]  # train and test split, rank 0 only
+    assert loads == [(0, True), (0, True), (1, True), (1, True)]  # every rank read only after the download
