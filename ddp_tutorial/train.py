@@ -277,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, CheckpointError, NotLaunchedError) as exc:
         if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank fails alike: say it once per node
             print(f"ddp_tutorial.train: error: {exc}", file=sys.stderr)
+        else:
+            time.sleep(1.0)  # torchrun stops the job at the first exit: let local rank 0 say why first
         return 2
     if info.is_main:
         final = result["final"]
