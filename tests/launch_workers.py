@@ -26,7 +26,25 @@ def hang_on(rank: int, world_size: int, bad_rank: int, pid_dir: str) -> int:
     _note_pid(pid_dir, rank)
     if rank == bad_rank:
         time.sleep(3600)
+    _note(pid_dir, f"{rank}.done", "")
     return rank
+
+
+def hang_with_grandchild(rank: int, world_size: int, pid_dir: str, slow_to_stop: bool = False) -> None:
+    """Every rank starts a process of its own (like a DataLoader worker), notes both pids, hangs.
+
+    ``slow_to_stop``: SIGTERM only leaves a ``<rank>.term`` note, so the launcher has
+    to wait out its grace period and kill the rank.
+    """
+    import signal
+    import subprocess
+
+    if slow_to_stop:
+        signal.signal(signal.SIGTERM, lambda signum, frame: _note(pid_dir, f"{rank}.term", ""))
+    grandchild = subprocess.Popen(["sleep", "3600"])
+    _note(pid_dir, f"{rank}-grandchild.pid", str(grandchild.pid))
+    _note_pid(pid_dir, rank)
+    time.sleep(3600)
 
 
 def die_on(rank: int, world_size: int, bad_rank: int) -> int:
@@ -60,8 +78,15 @@ def unpicklable(rank: int, world_size: int):
 
 
 def _note_pid(pid_dir: str, rank: int) -> None:
-    with open(os.path.join(pid_dir, f"{rank}.pid"), "w") as f:
-        f.write(str(os.getpid()))
+    _note(pid_dir, f"{rank}.pid", str(os.getpid()))
+
+
+def _note(directory: str, name: str, text: str) -> None:
+    """Write a file atomically: a reader polling for it never sees it half written."""
+    path = os.path.join(directory, name)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 def leave_grandchild(rank: int, world_size: int) -> int:

@@ -100,7 +100,7 @@ def test_module_runs_alone_with_mp_spawn():
     # `python -m ddp_tutorial.ddp_spawn`: the plain torch.multiprocessing.spawn recipe
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-m", "ddp_tutorial.ddp_spawn", "--num-steps", "2"], env=env,
-                         capture_output=True, text=True, timeout=150)
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert f"final weights checksum {same_run_with_launch_spawn():.6f}" in out.stdout, out.stdout
 
@@ -108,12 +108,13 @@ def test_module_runs_alone_with_mp_spawn():
 def test_module_runs_under_torchrun():
     from ddp_tutorial.launch import torchrun
 
-    result = torchrun("ddp_tutorial.ddp_spawn", nproc_per_node=2, args=("--num-steps", "2"), timeout=150)
+    result = torchrun("ddp_tutorial.ddp_spawn", nproc_per_node=2, args=("--num-steps", "2"), timeout=60)
     assert f"final weights checksum {same_run_with_launch_spawn():.6f}" in result.output, result.output
 
 
 def same_run_with_launch_spawn() -> float:
     """The weights every launcher must end with: toy_example, 2 ranks, 2 steps."""
-    results = spawn(d.toy_example, 2, args=(2,), timeout=90, quiet=True)
+    # timeout: with the caller's own launch (60 s) well inside the tests' 120 s
+    results = spawn(d.toy_example, 2, args=(2,), timeout=45, quiet=True)
     assert results[0]["checksum"] == results[1]["checksum"]
     return results[0]["checksum"]

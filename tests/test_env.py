@@ -10,9 +10,11 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from ddp_tutorial.env import (NotLaunchedError, RankInfo, choose_backend, choose_device,
+from ddp_tutorial.env import (NotLaunchedError, RankInfo, choose_backend, choose_device, distributed,
                               rank_info, whole_lines)
+from ddp_tutorial.launch import spawn
 
 
 @pytest.mark.parametrize("cuda_devices, local_world_size, nccl, expected", [
@@ -116,7 +118,11 @@ def test_whole_lines_makes_each_printed_line_one_write():
 
 
 def test_whole_lines_leaves_streams_without_reconfigure_alone():
-    whole_lines(io.StringIO())  # e.g. a notebook's output stream: no error
+    stream = io.StringIO()  # like a notebook's output stream: no reconfigure()
+    whole_lines(stream)
+    print("all_reduce over", 2, "ranks: OK", file=stream)
+    stream.write("second line\n")
+    assert stream.getvalue() == "all_reduce over 2 ranks: OK\nsecond line\n"
 
 
 _WRITER = """
@@ -140,3 +146,38 @@ def test_ranks_sharing_one_pipe_never_split_lines():
     assert [p.wait(timeout=60) for p in procs] == [0, 0]
     broken = [line for line in lines if not re.fullmatch(r"rank [01] line \d+ of many words to widen the window: OK", line)]
     assert not broken and len(lines) == 6000
+
+
+def use_distributed_inside_spawn(rank: int, world_size: int) -> tuple:
+    """A spawn target: ``distributed()`` inside a group that ``spawn`` set up."""
+    group = dist.group.WORLD
+    with distributed() as (info, device):
+        total = torch.tensor([rank + 1.0])
+        dist.all_reduce(total)  # the group still works inside
+        inside = (info.rank, info.world_size, device.type, total.item())
+    return inside, dist.is_initialized(), dist.group.WORLD is group
+
+
+@pytest.mark.timeout(90)
+def test_distributed_uses_and_leaves_alone_a_group_set_up_before():
+    results = spawn(use_distributed_inside_spawn, 2, timeout=60)
+    # inside: spawn's rank and world; after: the very same group, still initialised
+    assert results == [((rank, 2, "cpu", 3.0), True, True) for rank in range(2)]
+
+
+def test_distributed_leaves_the_group_even_when_the_body_raises(monkeypatch):
+    # whole_lines() would reconfigure pytest's own streams: give it streams it leaves alone
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert not dist.is_initialized()
+    seen = []
+    try:
+        with pytest.raises(ValueError, match="raised inside"):
+            with distributed(environ={}) as (info, device):  # no torchrun: a world of one, in this process
+                seen.append((dist.is_initialized(), dist.get_world_size(), info))
+                raise ValueError("raised inside")
+        assert seen == [(True, 1, RankInfo(0, 0, 1, 1))]
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():  # never leave a group behind for the other tests
+            dist.destroy_process_group()

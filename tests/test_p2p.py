@@ -86,9 +86,9 @@ def test_a_deadlock_without_group_timeout_is_a_worker_timeout():
 
 def test_swap_rejects_bad_arguments():
     with pytest.raises(WorkerError, match="unknown order 'sideways'"):
-        spawn(p2p.swap, 2, args=("sideways",), init_process_group=False, timeout=60)
+        spawn(p2p.swap, 2, args=("sideways",), init_process_group=False, timeout=45)
     with pytest.raises(WorkerError, match="world_size must be even"):
-        spawn(p2p.swap, 3, args=("batched",), init_process_group=False, timeout=60)
+        spawn(p2p.swap, 3, args=("batched",), init_process_group=False, timeout=45)
 
 
 def test_module_alone_fails_with_one_line():
@@ -102,6 +102,6 @@ def test_module_alone_fails_with_one_line():
 
 
 def test_module_under_torchrun_passes_the_token_home():
-    result = torchrun("ddp_tutorial.p2p", nproc_per_node=2, timeout=120)
+    result = torchrun("ddp_tutorial.p2p", nproc_per_node=2, timeout=90)
     assert "token came home with value 4: OK" in result.output
     assert "rank 1: passed the token at hops [2, 4]; received 0 from rank 0" in result.output

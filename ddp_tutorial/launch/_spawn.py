@@ -9,10 +9,12 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ddp_tutorial.launch._child import _child, _children_skip_main, _context
 
@@ -66,21 +68,42 @@ def _check_target(fn: Callable) -> None:
 
 
 def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
-    """Stop every child and everything it started; wait until they are gone."""
-    for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
-        for p in procs:
-            if p.pid is None:
-                continue
-            for kill in (lambda: os.killpg(p.pid, sig), lambda: os.kill(p.pid, sig)):
-                try:
-                    kill()
-                except (ProcessLookupError, PermissionError):
-                    pass
-        deadline = time.monotonic() + grace
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        if not any(p.is_alive() for p in procs):
-            break
+    """Stop every child and everything it started; wait until they are gone.
+
+    A Ctrl-C meanwhile (the user pressing it again) waits until they are: raised
+    half-way, it would leave ranks running.
+    """
+    with _interrupts_held_back():
+        for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
+            for p in procs:
+                if p.pid is None:
+                    continue
+                for kill in (lambda: os.killpg(p.pid, sig), lambda: os.kill(p.pid, sig)):
+                    try:
+                        kill()
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            deadline = time.monotonic() + grace
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+            if not any(p.is_alive() for p in procs):
+                break
+
+
+@contextmanager
+def _interrupts_held_back() -> Iterator[None]:
+    """Hold SIGINT back inside the block and deliver it afterwards, to whatever handles it."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # only the main thread can set handlers; None: a handler not set from Python
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)  # by default: KeyboardInterrupt, right here
 
 
 def _relay(out_paths: Sequence[str], stream) -> None:

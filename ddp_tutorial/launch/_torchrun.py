@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ddp_tutorial.launch._spawn import _interrupts_held_back
+
 
 @dataclass
 class TorchrunResult:
@@ -67,21 +69,92 @@ def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,
                             env=run_env, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_session(proc)
-        output, _ = proc.communicate()
+    except BaseException as exc:  # the timeout, or Ctrl-C
+        with _interrupts_held_back():  # pressed again meanwhile: only once everything is stopped
+            _stop(proc)
+        output = _rest_of_output(proc)
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
         raise TimeoutError(f"torchrun did not finish within {timeout:g} s: {' '.join(cmd)}\n"
                            f"--- output ---\n{output}") from None
     finally:
-        _kill_session(proc)
+        _kill_group(proc)
     result = TorchrunResult(proc.returncode, output)
     if check and proc.returncode != 0:
         raise TorchrunError(result, cmd)
     return result
 
 
-def _kill_session(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop torchrun and every process it started.
+
+    torchrun starts each worker in a session of its own, so killing torchrun's
+    process group would leave the workers running (and holding the output pipe
+    open). Asked with SIGTERM, torchrun stops its workers itself; whatever is
+    still there after ``grace`` seconds is killed.
+    """
+    started = _descendants(proc.pid)  # now: once torchrun is gone they have another parent
+    _kill_group(proc, signal.SIGTERM)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _kill_group(proc)
+    for pid in started:  # each worker leads a process group: it and what it started
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal torchrun's process group (torchrun, unless it has exited, and what it started there)."""
+    try:
+        os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _rest_of_output(proc: subprocess.Popen, wait: float = 10.0) -> str:
+    """What torchrun printed; if something unknown still holds the pipe, what it printed so far."""
+    try:
+        return proc.communicate(timeout=wait)[0]
+    except subprocess.TimeoutExpired as exc:
+        proc.stdout.close()
+        proc.wait()
+        return (exc.output or b"").decode(errors="replace")
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (from /proc, else ``ps``; none found if neither works)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parent_links():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _parent_links() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process."""
+    if os.path.isdir("/proc"):
+        links = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # the name may hold spaces
+                except (OSError, IndexError, ValueError):
+                    continue
+                links.append((int(name), ppid))
+        return links
+    try:
+        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [(int(a), int(b)) for a, b in (line.split() for line in out.splitlines() if len(line.split()) == 2)]
