@@ -41,6 +41,25 @@ def pids_in(directory: Path) -> list[int]:
     return [int(p.read_text()) for p in sorted(directory.glob("*.pid"))]
 
 
+def _wait_for_pid_files(pid_dir: Path, count: int, proc: subprocess.Popen, within: float = 60) -> list[int]:
+    """The pids written to ``pid_dir`` once there are ``count`` of them (or ``proc`` ended, or time ran out)."""
+    deadline = time.monotonic() + within
+    while len(pids_in(pid_dir)) < count and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pids_in(pid_dir)
+
+
+def _expect_keyboard_interrupt_exit(proc: subprocess.Popen, err) -> None:
+    """``proc`` exits within 15 s after SIGINT, with a KeyboardInterrupt as the last words on ``err``."""
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the interrupted caller did not exit (waiting for processes left running?)")
+    err.seek(0)
+    stderr = err.read()
+    assert proc.returncode != 0 and stderr.rstrip().endswith("KeyboardInterrupt"), stderr
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_results_are_ordered_by_rank(world_size):
     results = spawn(w.identify, world_size, timeout=60)
@@ -98,10 +117,7 @@ def test_an_interrupt_stops_every_rank_and_what_it_started(tmp_path, twice):
     with open(tmp_path / "stderr", "w+") as err:
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err)
         try:
-            deadline = time.monotonic() + 60
-            while len(pids_in(pid_dir)) < 4 and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            pids = pids_in(pid_dir)  # two ranks and the process each started
+            pids = _wait_for_pid_files(pid_dir, 4, proc)  # two ranks and the process each started
             assert len(pids) == 4 and all(alive(p) for p in pids), (pids, proc.poll())
             proc.send_signal(signal.SIGINT)
             if twice:
@@ -110,13 +126,7 @@ def test_an_interrupt_stops_every_rank_and_what_it_started(tmp_path, twice):
                     time.sleep(0.01)
                 assert list(pid_dir.glob("*.term")), "the launcher did not start stopping the ranks"
                 proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pytest.fail("the interrupted caller did not exit (waiting for ranks left running?)")
-            err.seek(0)
-            stderr = err.read()
-            assert proc.returncode != 0 and stderr.rstrip().endswith("KeyboardInterrupt"), stderr
+            _expect_keyboard_interrupt_exit(proc, err)
             assert_all_gone(pids)
         finally:
             proc.kill()
@@ -310,18 +320,9 @@ def test_an_interrupt_stops_torchrun_and_its_workers_even_deaf_ones(tmp_path):
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err,
                                 env=dict(env, PID_DIR=str(pid_dir), IGNORE_SIGTERM="1"))
         try:
-            deadline = time.monotonic() + 60
-            while len(pids_in(pid_dir)) < 2 and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert len(pids_in(pid_dir)) == 2 and len(processes_mentioning(module)) >= 3, proc.poll()
+            assert len(_wait_for_pid_files(pid_dir, 2, proc)) == 2 and len(processes_mentioning(module)) >= 3, proc.poll()
             proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                pytest.fail("the interrupted caller did not exit")
-            err.seek(0)
-            stderr = err.read()
-            assert proc.returncode != 0 and stderr.rstrip().endswith("KeyboardInterrupt"), stderr
+            _expect_keyboard_interrupt_exit(proc, err)
             assert_all_gone(pids_in(pid_dir))
             assert not processes_mentioning(module), "torchrun or its workers outlived the interrupt"
         finally:
