@@ -37,9 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def wrap(kind: str, model: nn.Module, bucket_cap_mb: float | None) -> nn.Module:
-    """``kind``'s wrapper around ``model``. Torch DDP and ``BucketedDDP`` get the same buckets:
+    """``kind``'s wrapper around ``model``. Torch DDP and ``BucketedDDP`` get the same caps:
     by default 25 MB with a 1 MB first bucket; an explicit cap applies to the first bucket
-    too (torch DDP keeps its small first bucket only when ``bucket_cap_mb`` is not given)."""
+    too (torch DDP keeps its small first bucket only when ``bucket_cap_mb`` is not given).
+    The edges can differ by a parameter: torch closes a bucket once it has reached its cap,
+    ours before a parameter would push it past."""
     if kind == "local":
         return model
     if kind == "torch":
