@@ -49,6 +49,12 @@ def _wait_for_pid_files(pid_dir: Path, count: int, proc: subprocess.Popen, withi
     return pids_in(pid_dir)
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    # A job started in the background (`cmd &` in a script, some CI runners) inherits SIGINT
+    # ignored, and Python then never raises KeyboardInterrupt: give the caller the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _expect_keyboard_interrupt_exit(proc: subprocess.Popen, err) -> None:
     """``proc`` exits within 15 s after SIGINT, with a KeyboardInterrupt as the last words on ``err``."""
     try:
@@ -115,7 +121,8 @@ def test_an_interrupt_stops_every_rank_and_what_it_started(tmp_path, twice):
     code = _INTERRUPTED % (str(Path(__file__).parent), str(pid_dir), twice)
     # stderr to a file, not a pipe: a leftover process would hold a pipe open
     with open(tmp_path / "stderr", "w+") as err:
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err,
+                                preexec_fn=_ctrl_c_as_in_a_terminal)
         try:
             pids = _wait_for_pid_files(pid_dir, 4, proc)  # two ranks and the process each started
             assert len(pids) == 4 and all(alive(p) for p in pids), (pids, proc.poll())
@@ -318,7 +325,8 @@ def test_an_interrupt_stops_torchrun_and_its_workers_even_deaf_ones(tmp_path):
     code = f"from ddp_tutorial.launch import torchrun; torchrun({module!r}, 2, timeout=60)"
     with open(tmp_path / "stderr", "w+") as err:
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=err,
-                                env=dict(env, PID_DIR=str(pid_dir), IGNORE_SIGTERM="1"))
+                                env=dict(env, PID_DIR=str(pid_dir), IGNORE_SIGTERM="1"),
+                                preexec_fn=_ctrl_c_as_in_a_terminal)
         try:
             assert len(_wait_for_pid_files(pid_dir, 2, proc)) == 2 and len(processes_mentioning(module)) >= 3, proc.poll()
             proc.send_signal(signal.SIGINT)
