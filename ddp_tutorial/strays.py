@@ -26,6 +26,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ddp_tutorial.launch.procs import children_by_parent
+
 __all__ = ["CrashedJob", "crash_a_job", "alive", "processes_in_session", "descendants", "listeners", "port_in_use",
            "end_processes", "main_module_target", "run_all"]
 
@@ -136,14 +138,7 @@ def descendants(root: int | None = None, skip: str = "multiprocessing.(forkserve
     import re
 
     root = os.getpid() if root is None else root
-    children: dict[int, list[int]] = {}
-    for pid in _all_pids():
-        try:
-            state, ppid, _, _ = _stat(pid)
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if state != "Z":
-            children.setdefault(ppid, []).append(pid)
+    children = children_by_parent()
     found, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()

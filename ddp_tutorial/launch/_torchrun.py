@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ddp_tutorial.launch._spawn import _interrupts_held_back
+from ddp_tutorial.launch.procs import descendants
 
 
 @dataclass
@@ -93,7 +94,7 @@ def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
     open). Asked with SIGTERM, torchrun stops its workers itself; whatever is
     still there after ``grace`` seconds is killed.
     """
-    started = _descendants(proc.pid)  # now: once torchrun is gone they have another parent
+    started = descendants(proc.pid)  # now: once torchrun is gone they have another parent
     _kill_group(proc, signal.SIGTERM)
     try:
         proc.wait(grace)
@@ -124,37 +125,3 @@ def _rest_of_output(proc: subprocess.Popen, wait: float = 10.0) -> str:
         proc.stdout.close()
         proc.wait()
         return (exc.output or b"").decode(errors="replace")
-
-
-def _descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (from /proc, else ``ps``; none found if neither works)."""
-    children: dict[int, list[int]] = {}
-    for child, parent in _parent_links():
-        children.setdefault(parent, []).append(child)
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _parent_links() -> list[tuple[int, int]]:
-    """(pid, parent pid) of every process."""
-    if os.path.isdir("/proc"):
-        links = []
-        for name in os.listdir("/proc"):
-            if name.isdigit():
-                try:
-                    with open(f"/proc/{name}/stat") as f:
-                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])  # the name may hold spaces
-                except (OSError, IndexError, ValueError):
-                    continue
-                links.append((int(name), ppid))
-        return links
-    try:
-        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True,
-                             timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [(int(a), int(b)) for a, b in (line.split() for line in out.splitlines() if len(line.split()) == 2)]
