@@ -83,11 +83,12 @@ def _loadavg() -> str:
 
 def _machine(argv: list[str] | None, load_before: str, seconds: float) -> dict:
     """What the numbers depend on: saved next to a run so that readers can judge them (``12_performance``)."""
-    import torch
+    from ddp_tutorial.doctor import devices, versions
 
+    found, hardware = versions(), devices()
     return {"command": "python -m ddp_tutorial.bench " + shlex.join(sys.argv[1:] if argv is None else argv),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "cuda_devices": torch.cuda.device_count(),
+            "cpus": hardware["cpu cores"], "torch": found["torch"], "python": found["python"],
+            "machine": platform.machine(), "cuda_devices": hardware["cuda devices"],
             "loadavg_before": load_before, "loadavg_after": _loadavg(), "seconds": round(seconds)}
 
 
