@@ -37,3 +37,47 @@ def rounded(value: Any, digits: int = 4) -> Any:
     if hasattr(value, "tolist") and hasattr(value, "dtype"):
         return rounded(value.tolist(), digits)
     return value
+
+
+def significant(value: Any, digits: int = 3) -> Any:
+    """Round floats (also inside containers and tensors) to ``digits`` significant digits.
+
+    A loss printed as 0.0241 on one CPU is 0.02412 or 0.02409 on another: float sums are
+    reordered by each vector ISA's kernels. Print what the lesson needs, assert the rest.
+    """
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") + 0.0
+    if isinstance(value, dict):
+        return {k: significant(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(significant(v, digits) for v in value)
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):
+        return significant(value.tolist(), digits)
+    return value
+
+
+def error_summary(error: BaseException, *phrases: str) -> str:
+    """A caught error as one stable line: its type and the key phrases its message holds.
+
+    torch's and Python's message texts change between releases, so a compared
+    notebook output shows this summary; the verbatim text, where it is the lesson,
+    goes in a cell tagged ``nbval-ignore-output``. Raises ``AssertionError`` (with the
+    full message) when a phrase is missing, so a changed meaning never goes unnoticed.
+    """
+    text = str(error)
+    missing = [p for p in phrases if p not in text]
+    if missing:
+        raise AssertionError(f"{type(error).__name__} lacks {missing}; its message was:\n{text}")
+    name = type(error).__name__
+    if getattr(error, "rank", None) is not None and name.startswith("Worker"):
+        name += f" from rank {error.rank}"
+        cause = text.partition(" failed: ")[2].partition(":")[0]  # "rank 1 failed: RuntimeError: ..."
+        if cause.isidentifier():
+            name += f" ({cause})"
+    said = ", ".join(repr(p) for p in phrases)
+    return f"{name}: says {said}" if phrases else name
+
+
+def show_error(error: BaseException, *phrases: str, label: str = "") -> None:
+    """Print ``error_summary(error, *phrases)``, after ``label`` when given."""
+    print(f"{label}{error_summary(error, *phrases)}")
