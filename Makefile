@@ -3,6 +3,7 @@
 #   make test       unit tests, then nbval over every notebook
 #   make lab        Jupyter on notebooks/
 #   make notebooks  re-execute every notebook and store its outputs
+#   make nbval-portable  nbval again on torch's portable (default) and AVX2 CPU kernels
 #   make bench      the benchmark suite (python -m ddp_tutorial.bench all)
 #   make bench-reference  the same, saved as lesson 12's reference run (on an idle machine)
 PYTHON ?= python3
@@ -13,7 +14,7 @@ NBVAL  := --nbval --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED = 0
 
-.PHONY: install demo test unit nbval lab notebooks bench bench-reference doctor clean
+.PHONY: install demo test unit nbval nbval-portable lab notebooks bench bench-reference doctor clean
 
 install: $(STAMP)
 
@@ -34,6 +35,21 @@ unit: $(STAMP)
 
 nbval: $(STAMP)
 	$(PY) -m pytest $(NBVAL) notebooks
+
+# Stored outputs must not depend on the CPU's vector ISA (an ARM laptop runs torch's
+# portable kernels). ATEN_CPU_CAPABILITY must be lowercase, and an invalid or unsupported
+# value is ignored with only a warning: so check which kernels torch really picked.
+CAPABILITIES ?= default avx2
+nbval-portable: $(STAMP)
+	@for cap in $(CAPABILITIES); do \
+	  got=$$(ATEN_CPU_CAPABILITY=$$cap $(PY) -W ignore -c \
+	    "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
+	  if [ "$$got" != "$$cap" ]; then \
+	    echo "nbval-portable: skipping $$cap: torch runs $$got kernels with it (this CPU lacks $$cap)"; \
+	    continue; fi; \
+	  echo "nbval-portable: every notebook on $$cap kernels"; \
+	  ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest $(NBVAL) notebooks || exit 1; \
+	done
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
