@@ -12,10 +12,61 @@ import argparse
 import importlib
 import os
 import platform
+import re
 import sys
 import time
 
 OPTIONAL = ["torchvision", "matplotlib", "sklearn", "tqdm", "nbval", "ipykernel"]
+
+# The oldest releases the course runs on: the ONE home of these numbers.
+# pyproject.toml and environment.yml repeat them (tests/test_project.py checks that),
+# README.md's "Versions" says which API sets each one. torch 2.8 is the first with
+# gloo's ReduceOp.AVG and list-form reduce_scatter, and with TCPStore(master_listen_fd=)
+# on the default libuv store; torchvision 0.23 is the release paired with torch 2.8.
+FLOORS = {"python": "3.10", "torch": "2.8", "torchvision": "0.23"}
+
+# What to run when a package is below its floor.
+_UPGRADE = {"python": "install Python {floor} or newer, then recreate the venv (`make clean install`)",
+            "torch": "pip install -U 'torch>={floor}'",
+            "torchvision": "pip install -U 'torchvision>={floor}'"}
+
+_RELEASE = re.compile(r"\s*v?(\d+(?:\.\d+)*)")
+
+
+def release(version: str) -> tuple[int, ...] | None:
+    """The release numbers ``version`` starts with: '2.14.1+cpu' -> (2, 14, 1); None if it has none ('dev')."""
+    match = _RELEASE.match(version)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else None
+
+
+def older_than(version: str, floor: str) -> bool | None:
+    """Whether ``version`` is an older release than ``floor``; None when ``version`` names no release.
+
+    Only the release numbers count: a pre-release or source build of the floor release
+    ('2.8.0a0+git1234', '2.8.0.dev20250601') counts as that release, and local labels
+    ('+cpu', '+cu128') are ignored. Missing parts are zeros: '2.8' == '2.8.0'.
+    """
+    have, need = release(version), release(floor)
+    if have is None:
+        return None
+    if need is None:
+        raise ValueError(f"floor {floor!r} is not a release number")
+    width = max(len(have), len(need))
+    return have + (0,) * (width - len(have)) < need + (0,) * (width - len(need))
+
+
+def floor_problem(name: str, version: str, floor: str | None = None) -> str | None:
+    """The doctor's sentence when ``name`` at ``version`` is below its floor, else None.
+
+    None also when the version names no release ('dev', 'missing'): the doctor reports a
+    missing package on its own, and does not block a build it cannot date.
+    """
+    floor = FLOORS[name] if floor is None else floor
+    if not older_than(version, floor):
+        return None
+    shown = "Python" if name == "python" else name
+    return (f"{shown} {version} is older than {floor}, the oldest release this course runs on: "
+            + _UPGRADE[name].format(floor=floor))
 
 
 def versions() -> dict[str, str]:
@@ -80,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:12s} {version}")
         if version == "missing":
             problems.append(f"{name} is missing: run `make install` (or `pip install -e '.[dev]'`)")
+        elif name in FLOORS:
+            too_old = floor_problem(name, version)
+            if too_old:
+                problems.append(too_old)
+            elif older_than(version, FLOORS[name]) is None:  # e.g. a build that calls itself 'dev'
+                print(f"  {'':12s} (not a release number: cannot check it against {name}>={FLOORS[name]})")
     print("== distributed backends built into torch ==")
     for name, ok in backends().items():
         print(f"  {name:12s} {'yes' if ok else 'no'}")

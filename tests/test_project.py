@@ -9,6 +9,8 @@ except ImportError:  # Python < 3.11
     import tomli as tomllib
 from pathlib import Path
 
+from ddp_tutorial.doctor import FLOORS
+
 ROOT = Path(__file__).resolve().parents[1]
 # conda-forge names that differ from PyPI's
 CONDA_TO_PIP = {"pytorch-cpu": "torch", "pytorch-gpu": "torch", "pytorch": "torch"}
@@ -46,6 +48,31 @@ def test_environment_yml_and_pyproject_list_the_same_dependencies():
     pip_reqs, conda_reqs = pyproject_requirements(), conda_requirements()
     assert len(pip_reqs) >= 10  # the parsers found the lists
     assert conda_reqs == pip_reqs
+
+
+def conda_python_spec() -> str:
+    match = re.search(r"^  - python\s*([^\s#]+)\s*$", (ROOT / "environment.yml").read_text(), re.MULTILINE)
+    assert match, "environment.yml names no python version"
+    return match.group(1)
+
+
+def test_the_floors_are_the_doctors():
+    """pyproject.toml and environment.yml install exactly the floors the doctor checks (README "Versions")."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == f">={FLOORS['python']}"
+    assert conda_python_spec() == f">={FLOORS['python']}"
+    reqs = pyproject_requirements()
+    for name in ("torch", "torchvision"):
+        assert reqs[name] == f">={FLOORS[name]}", f"pyproject.toml: {name}{reqs[name]}, doctor: >={FLOORS[name]}"
+    # environment.yml's torch and torchvision equal pyproject's: the test above checks that
+
+
+def test_readme_states_the_floors():
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Versions"):]
+    section = section[:section.index("\n## ")]
+    for name, floor in FLOORS.items():
+        assert f"{name} {floor}" in section.lower(), f"README.md Versions does not name {name} {floor}"
 
 
 def test_no_exact_pins():
