@@ -60,13 +60,23 @@ def plot_ring_steps(states: list, axes=None):
     """The ring all-reduce step by step from ``ring.ring_trace``: ``states[rank][step]`` per rank.
 
     Cells are coloured by how many ranks' values they contain (the digits that are 1),
-    and framed when they changed in that step.
+    and framed when they changed in that step. Without ``axes`` (one per step) the
+    reduce-scatter steps fill the top row and the all-gather steps the row below.
     """
     import matplotlib.pyplot as plt
 
     world_size, steps = len(states), len(states[0])
+    first_in_row = {0}
     if axes is None:
-        _, axes = plt.subplots(1, steps, figsize=(0.55 * world_size * steps + 0.8, 0.6 + 0.5 * world_size))
+        fig, grid = plt.subplots(2, world_size, squeeze=False,
+                                 figsize=(world_size * (0.55 * world_size + 0.45) + 0.7, 2 * (0.5 * world_size + 0.8)))
+        axes = list(grid[0]) + list(grid[1][1:])
+        first_in_row = {0, world_size}
+        key = grid[1][0]
+        key.axis("off")
+        key.text(0, 0.5, "each digit: is that rank's\nvalue in the sum?\n\ncolour: how many ranks\n"
+                 "the sum holds\n\nthick frame: changed\nin this step", va="center", fontsize=9)
+        fig.suptitle(f"Ring all-reduce on {world_size} ranks: rank r starts with 10**r", fontsize=11)
     for t, ax in enumerate(axes):
         held = [[int(v) for v in states[r][t]] for r in range(world_size)]
         counts = [[str(v).count("1") for v in row] for row in held]
@@ -79,12 +89,14 @@ def plot_ring_steps(states: list, axes=None):
         else:
             title = f"all-gather {t - world_size + 1}"
         labels = [[f"{v:0{world_size}d}" for v in row] for row in held]
-        _grid(ax, counts, title, 1, world_size, cmap="YlGnBu", changed=changed, labels=labels, fontsize=7)
+        _grid(ax, counts, title, 1, world_size, cmap="YlGnBu", changed=changed, labels=labels, fontsize=10)
         ax.set_xticks([j + 0.5 for j in range(world_size)])
-        ax.set_xticklabels([f"seg {j}" for j in range(world_size)], fontsize=7)
+        ax.set_xticklabels([f"seg {j}" for j in range(world_size)], fontsize=9)
         ax.tick_params(axis="x", length=0)
-        if t:
+        if t not in first_in_row:
             ax.set_yticklabels([])
+    if len(first_in_row) > 1:
+        axes[0].figure.tight_layout()
     return axes
 
 
