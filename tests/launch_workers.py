@@ -115,3 +115,31 @@ def listening_sockets(rank: int, world_size: int) -> tuple:
     mine = [addr for line, addr in zip(out.splitlines(), local) if f"pid={os.getpid()}," in line]
     store = [addr for addr in local if addr.endswith(":" + os.environ["MASTER_PORT"])]
     return mine, store
+
+
+def tick(rank: int, world_size: int, seconds: int, pid_dir: str = "") -> int:
+    """Print a line once a second for ``seconds`` seconds (live output: do lines arrive as printed?)."""
+    if pid_dir:
+        _note_pid(pid_dir, rank)
+    for second in range(seconds):
+        print(f"tick {second} of rank {rank}", flush=True)
+        time.sleep(1.0)
+    return rank
+
+
+def progress_bar(rank: int, world_size: int, steps: int, seconds_per_step: float) -> int:
+    """A tqdm bar on rank 0 (shown whatever the output is), then one line on every rank."""
+    from tqdm import tqdm
+
+    for _ in tqdm(range(steps), desc="working", disable=rank != 0, leave=False, mininterval=0,
+                  bar_format="{desc}: {n_fmt}/{total_fmt}"):  # no rate or time: the text is predictable
+        time.sleep(seconds_per_step)
+    print(f"rank {rank} done", flush=True)
+    return rank
+
+
+def watched(rank: int, world_size: int) -> bool:
+    """Whether this rank is told that its output is shown live (it would show a progress bar)."""
+    from ddp_tutorial.launch import watched_live
+
+    return watched_live()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import launch_workers as w
-from ddp_tutorial.launch import (TorchrunError, TorchrunResult, WorkerError, WorkerTimeout, spawn, torchrun,
-                                 torchrun_command)
+from ddp_tutorial.launch import (LaunchSpec, TorchrunError, TorchrunResult, WorkerError, WorkerTimeout, spawn,
+                                 torchrun, torchrun_command)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -238,6 +239,27 @@ def test_two_launches_in_two_processes_at_once_both_succeed():
     assert all(out.strip().endswith("ok") for out in outputs)
 
 
+def test_a_launch_spec_is_checked_once_and_cannot_change():
+    spec = LaunchSpec(w.identify, 3, args=[1, 2])
+    assert spec.args == (1, 2) and spec.threads >= 1  # 0: the cores shared out between the ranks
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.world_size = 4
+    env = spec.rank_env(2, 1234)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                "OMP_NUM_THREADS")} == {
+        "RANK": "2", "LOCAL_RANK": "2", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1234", "OMP_NUM_THREADS": str(spec.threads)}
+    assert "DDP_TUTORIAL_LIVE" not in env
+    assert LaunchSpec(w.identify, 2, threads=3, live=True).rank_env(0, 1)["DDP_TUTORIAL_LIVE"] == "1"
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        LaunchSpec(w.identify, 2, timeout=0)
+
+
+def test_a_rank_knows_whether_its_output_is_shown_live(capsys):
+    assert spawn(w.watched, 2, timeout=30, live=False) == [False, False]
+    assert spawn(w.watched, 2, timeout=30, live=True) == [True, True]
+
+
 def test_torchrun_runs_a_module_and_returns_its_output():
     result = torchrun("ddp_tutorial.hello", nproc_per_node=2, timeout=90)
     assert result.returncode == 0
@@ -340,6 +362,19 @@ def test_an_interrupt_stops_torchrun_and_its_workers_even_deaf_ones(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_torchrun_workers_get_one_thread_unless_told_and_lines_arrive_one_by_one(tmp_path):
+    module = f"threads_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text('import os\nprint("OMP_NUM_THREADS=" + os.environ["OMP_NUM_THREADS"])\n')
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    seen = []
+    result = torchrun(module, 2, env=env, timeout=90, on_line=lambda line, proc: seen.append(line))
+    assert result.output.count("OMP_NUM_THREADS=1") == 2, result.output  # as torchrun's own default
+    assert "Setting OMP_NUM_THREADS" not in result.output  # set by us: torchrun need not warn
+    assert seen == result.output.splitlines()
+    assert "OMP_NUM_THREADS=3" in torchrun(module, 1, env=env, threads=3, timeout=90).output
+
+
 def test_torchrun_command_line():
     python = [sys.executable, "-m", "torch.distributed.run"]
     assert torchrun_command("pkg.mod", 3, args=("--epochs", 2)) == python + [
@@ -365,14 +400,14 @@ def test_hello_runs_alone_as_a_world_of_one():
 
 
 def test_only_a_gloo_connection_failure_at_init_counts_as_a_flake_to_retry():
-    from ddp_tutorial.launch._spawn import _is_init_flake
+    from ddp_tutorial.launch.errors import is_init_flake
 
     mesh = "RuntimeError: Gloo connectFullMesh failed with ... Connection closed by peer"
-    assert _is_init_flake({}, {0: (mesh, "", "init"), 1: (mesh, "", "init")})
-    assert not _is_init_flake({}, {0: (mesh, "", "run")})  # worker code had run: never retry
-    assert not _is_init_flake({1: None}, {0: (mesh, "", "init")})  # a rank finished its work
-    assert not _is_init_flake({}, {0: ("ValueError: bad backend", "", "init")})
-    assert not _is_init_flake({}, {})
+    assert is_init_flake({}, {0: (mesh, "", "init"), 1: (mesh, "", "init")})
+    assert not is_init_flake({}, {0: (mesh, "", "run")})  # worker code had run: never retry
+    assert not is_init_flake({1: None}, {0: (mesh, "", "init")})  # a rank finished its work
+    assert not is_init_flake({}, {0: ("ValueError: bad backend", "", "init")})
+    assert not is_init_flake({}, {})
 
 
 def test_an_init_failure_is_reported_with_its_rank_and_cause():

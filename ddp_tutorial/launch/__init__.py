@@ -9,7 +9,8 @@
 
 Why not ``torch.multiprocessing.spawn``? Three reasons a notebook feels:
 - Jupyter does not show what child processes print; here every rank's output is
-  captured and re-printed by the parent as ``[rank N] ...``, in rank order.
+  captured, shown while the ranks run, and re-printed by the parent as
+  ``[rank N] ...``, in rank order, when they are done.
 - Each ``mp.spawn`` child imports torch from scratch (seconds). Here children are
   forked from a *forkserver* that imported torch once, so a warm launch costs tens
   of milliseconds (``python -m ddp_tutorial.bench launch`` measures it).
@@ -22,12 +23,20 @@ as clients, exactly the way torchrun's workers join the agent's store.
 
 ``torchrun(module, nproc_per_node)`` runs the real ``torchrun`` in a subprocess
 and returns its exit code and output (used from ``08_torchrun`` on).
+
+The modules, parent to child:
+- ``spawner``: ``spawn``, the parent's side; ``spec``: ``LaunchSpec``, one launch's settings;
+- ``child``: what runs in each rank; ``errors``: ``WorkerError``, ``WorkerTimeout``;
+- ``output``: reading the ranks' output; ``live``: showing it while they run;
+- ``commands``: ``torchrun`` and any launcher command, with a timeout and no orphans;
+- ``procs``: the process tree, stopping a process group, Ctrl-C held back meanwhile.
 """
 
-from ddp_tutorial.launch._spawn import (LOCALHOST, WorkerError, WorkerTimeout, free_port,  # noqa: F401
-                                        spawn)
-from ddp_tutorial.launch._torchrun import (TorchrunError, TorchrunResult, torchrun,  # noqa: F401
-                                           torchrun_command)
+from ddp_tutorial.launch.commands import (TorchrunError, TorchrunResult, run_command, torchrun,  # noqa: F401
+                                          torchrun_command)
+from ddp_tutorial.launch.errors import WorkerError, WorkerTimeout  # noqa: F401
+from ddp_tutorial.launch.spawner import spawn  # noqa: F401
+from ddp_tutorial.launch.spec import LOCALHOST, LaunchSpec, free_port, watched_live  # noqa: F401
 
-__all__ = ["spawn", "torchrun", "torchrun_command", "free_port", "WorkerError", "WorkerTimeout",
-           "TorchrunError", "TorchrunResult", "LOCALHOST"]
+__all__ = ["spawn", "torchrun", "torchrun_command", "run_command", "free_port", "watched_live", "LaunchSpec",
+           "WorkerError", "WorkerTimeout", "TorchrunError", "TorchrunResult", "LOCALHOST"]

@@ -1,4 +1,4 @@
-"""The child side of ``launch.spawn``: how ranks are started and what runs inside them."""
+"""The rank side of ``launch.spawn``: how ranks are started and what runs inside them."""
 
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ import traceback
 from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing import spawn as mp_spawn
+from multiprocessing.connection import Connection
+from typing import Iterator
+
+from ddp_tutorial.launch.spec import LaunchSpec
 
 # Imported once by the forkserver, so forked children start with torch loaded.
 # torch._dynamo too: DDP and the optimizers import it on first use, which costs
 # seconds in every child otherwise.
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddp_tutorial.launch"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "ddp_tutorial.launch"]
 
 
 @contextmanager
-def _children_skip_main():
+def children_skip_main() -> Iterator[None]:
     """Children never re-run the caller's ``__main__`` (a script, pytest, the kernel).
 
     multiprocessing normally re-imports ``__main__`` in each child so that
@@ -43,16 +47,17 @@ def _children_skip_main():
         mp_spawn.get_preparation_data = original
 
 
-def _context() -> mp.context.BaseContext:
+def context() -> mp.context.BaseContext:
+    """A forkserver that preloaded torch where there is one; plain spawn elsewhere."""
     if sys.platform == "win32" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    ctx.set_forkserver_preload(PRELOAD)
     return ctx
 
 
-def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, threads, timeout):
-    """Runs in the child: redirect output, set up the group, run ``fn``, send back the result."""
+def run_rank(spec: LaunchSpec, rank: int, env: dict, out_path: str, conn: Connection) -> None:
+    """Runs in the child: redirect output, set up the group, run the worker, send back the result."""
     os.setpgrp()  # own process group: the parent can stop this rank and anything it started
     # What the forkserver preloaded (torch: about a million objects) lives as long as this
     # process. Frozen, the gc.collect() at teardown skips it: milliseconds instead of 0.1 s.
@@ -60,6 +65,7 @@ def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, th
     out = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)
+    # Unbuffered: the parent reads this file while the rank runs, to show it live.
     sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), encoding="utf-8",
                                   errors="replace", write_through=True)
     sys.stderr = sys.stdout
@@ -68,7 +74,7 @@ def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, th
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(spec.threads)
 
     def report(status: tuple) -> None:
         sys.stdout.flush()
@@ -81,15 +87,15 @@ def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, th
 
     stage = "init"
     try:
-        if init_pg:
+        if spec.init_process_group:
             from ddp_tutorial.env import choose_backend, set_device_for
 
-            chosen = backend or choose_backend(local_world_size=world_size)
+            chosen = spec.backend or choose_backend(local_world_size=spec.world_size)
             set_device_for(rank, chosen)
-            dist.init_process_group(chosen, rank=rank, world_size=world_size,
-                                    timeout=timedelta(seconds=timeout))
+            dist.init_process_group(chosen, rank=rank, world_size=spec.world_size,
+                                    timeout=timedelta(seconds=spec.timeout))
         stage = "run"
-        result = fn(rank, world_size, *args)
+        result = spec.fn(rank, spec.world_size, *spec.args)
     except BaseException as exc:  # report everything, even SystemExit, to the parent
         # Report before tearing down: the teardown makes the other ranks fail too,
         # and the parent should hear about the cause first.
@@ -97,6 +103,6 @@ def _child(fn, rank, world_size, args, backend, init_pg, env, out_path, conn, th
     else:
         report(("ok", result))
     finally:
-        if init_pg and dist.is_initialized():
+        if spec.init_process_group and dist.is_initialized():
             gc.collect()  # free DDP/gloo objects in cycles while the group lives (see env.distributed)
             dist.destroy_process_group()

@@ -1,0 +1,175 @@
+"""Launchers as commands (``torchrun``, the legacy ``torch.distributed.launch``), output captured.
+
+``run_command`` is the one way this package starts such a command: it gets a
+timeout, Ctrl-C stops it, and neither leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import codecs
+import io
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ddp_tutorial.launch.procs import descendants, interrupts_held_back, signal_group
+
+OnLine = Callable[[str, subprocess.Popen], None]
+
+
+@dataclass
+class TorchrunResult:
+    """What a launcher returned: its exit code and everything it and its workers printed."""
+
+    returncode: int
+    output: str
+
+    def __str__(self) -> str:
+        return self.output
+
+
+class TorchrunError(RuntimeError):
+    """torchrun exited non-zero; ``result`` holds the exit code and the whole output."""
+
+    def __init__(self, result: TorchrunResult, command: Sequence[str]):
+        self.result = result
+        super().__init__(f"torchrun exited with code {result.returncode}: {' '.join(command)}\n"
+                         f"--- output ---\n{result.output.rstrip()}")
+
+
+def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (),
+                     **opts: Any) -> list[str]:
+    """The ``torchrun`` command line for ``module``; ``opts`` become ``--key=value``.
+
+    Without rendezvous options it adds ``--standalone`` (one node, a free port on
+    localhost chosen by torchrun itself).
+    """
+    rdzv_keys = {"standalone", "nnodes", "rdzv_endpoint", "master_port", "master_addr", "rdzv_backend"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
+    if not rdzv_keys & set(opts):
+        cmd.append("--standalone")
+    for key, value in opts.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            cmd.append(flag)
+        elif value not in (False, None):
+            cmd.append(f"{flag}={value}")
+    return cmd + ["-m", module] + [str(a) for a in args]
+
+
+def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,
+             timeout: float = 300.0, check: bool = True, env: dict | None = None,
+             threads: int | None = None, on_line: OnLine | None = None, **opts: Any) -> TorchrunResult:
+    """Run ``torchrun ... -m module args`` and return its exit code and output.
+
+    Each worker uses ``threads`` threads (``OMP_NUM_THREADS``; default: the
+    caller's setting, else 1, as torchrun itself does). ``on_line(line, proc)``
+    sees each line as it arrives, with the torchrun process (to signal it, say).
+    Raises ``TorchrunError`` (with the whole output) on a non-zero exit when
+    ``check`` is true, and ``TimeoutError`` after ``timeout`` seconds; either way
+    torchrun and all its workers are gone when this returns.
+    """
+    cmd = torchrun_command(module, nproc_per_node, args, **opts)
+    run_env = dict(os.environ if env is None else env)
+    if threads is not None:
+        run_env["OMP_NUM_THREADS"] = str(threads)
+    run_env.setdefault("OMP_NUM_THREADS", "1")  # set, so that torchrun need not warn that it sets it
+    result = run_command(cmd, timeout=timeout, env=run_env, name="torchrun", on_line=on_line)
+    if check and result.returncode != 0:
+        raise TorchrunError(result, cmd)
+    return result
+
+
+def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, name: str = "",
+                on_line: OnLine | None = None) -> TorchrunResult:
+    """Run ``cmd`` (a launcher) with its output captured; stop it and all it started on a timeout or Ctrl-C.
+
+    The command runs in a session of its own, unbuffered (``PYTHONUNBUFFERED``), so
+    lines arrive as they are printed. ``TimeoutError`` after ``timeout`` seconds,
+    with the output so far; ``name`` names the command in that message.
+    """
+    run_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env,
+                            start_new_session=True)
+    reader = _Lines(proc, on_line)
+    deadline = time.monotonic() + timeout
+    try:
+        if not reader.read_until_closed(deadline):
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except BaseException as exc:  # the timeout, or Ctrl-C
+        with interrupts_held_back():  # pressed again meanwhile: only once everything is stopped
+            _stop(proc)
+        if not isinstance(exc, subprocess.TimeoutExpired):
+            raise
+        reader.read_until_closed(time.monotonic() + 10.0)  # the rest, unless something unknown holds the pipe
+        raise TimeoutError(f"{name or os.path.basename(cmd[0])} did not finish within {timeout:g} s: "
+                           f"{' '.join(cmd)}\n--- output ---\n{reader.text()}") from None
+    finally:
+        signal_group(proc.pid, signal.SIGKILL, leader_too=False)  # what is left in its group
+        proc.stdout.close()
+    return TorchrunResult(proc.returncode, reader.text())
+
+
+class _Lines:
+    """A command's output as it arrives: kept whole, and handed line by line to ``on_line``."""
+
+    def __init__(self, proc: subprocess.Popen, on_line: OnLine | None):
+        self._proc, self._on_line = proc, on_line
+        # As text=True would decode it: UTF-8 (errors replaced) with "\r\n" and "\r" made "\n".
+        self._decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"), True)
+        self._chunks: list[str] = []
+        self._partial = ""
+        self._closed = False
+
+    def read_until_closed(self, deadline: float) -> bool:
+        """Read until every writer closed the pipe (True) or ``deadline`` passed (False)."""
+        fd = self._proc.stdout.fileno()
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if selector.select(left):
+                    data = os.read(fd, 65536)
+                    self._closed = not data
+                    self._take(self._decoder.decode(data, final=self._closed))
+        return True
+
+    def _take(self, text: str) -> None:
+        self._chunks.append(text)
+        if self._on_line is None:
+            return
+        *lines, self._partial = (self._partial + text).split("\n")
+        if self._closed and self._partial:
+            lines.append(self._partial)
+        for line in lines:
+            self._on_line(line, self._proc)
+
+    def text(self) -> str:
+        return "".join(self._chunks)
+
+
+def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop the launcher and every process it started.
+
+    torchrun starts each worker in a session of its own, so killing torchrun's
+    process group would leave the workers running (and holding the output pipe
+    open). Asked with SIGTERM, torchrun stops its workers itself; whatever is
+    still there after ``grace`` seconds is killed.
+    """
+    started = descendants(proc.pid)  # now: once torchrun is gone they have another parent
+    signal_group(proc.pid, signal.SIGTERM, leader_too=False)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    signal_group(proc.pid, signal.SIGKILL, leader_too=False)
+    for pid in started:  # each worker leads a process group: it and what it started
+        signal_group(pid, signal.SIGKILL)
