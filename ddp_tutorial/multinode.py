@@ -24,14 +24,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 import torch.distributed as dist
 
 from ddp_tutorial.env import distributed
-from ddp_tutorial.launch import LOCALHOST, TorchrunResult, free_port, torchrun, torchrun_command
+from ddp_tutorial.launch import LOCALHOST, TorchrunResult, free_port, run_command, torchrun
 
 __all__ = ["LAUNCHER_VARS", "launcher_env", "resolve_local_rank", "report_ranks", "parse_reports", "log_lines",
            "legacy_launch", "simulate_nodes", "run_and_stop", "exit_on_sigterm", "main"]
@@ -98,13 +97,15 @@ def log_lines(output: str, *keep: str) -> list[str]:
 
 def legacy_launch(module: str, nproc_per_node: int = 2, args: Sequence[str] = (),
                   timeout: float = 120.0) -> TorchrunResult:
-    """Run ``module`` under the deprecated ``python -m torch.distributed.launch`` on a free port."""
+    """Run ``module`` under the deprecated ``python -m torch.distributed.launch`` on a free port.
+
+    Through ``launch.run_command``: ``TimeoutError`` after ``timeout`` seconds, and
+    the launcher and its workers are gone when this returns.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.launch", f"--nproc-per-node={nproc_per_node}",
            f"--master-addr={LOCALHOST}", f"--master-port={free_port()}", "-m", module, *map(str, args)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                          timeout=timeout)
-    return TorchrunResult(done.returncode, done.stdout)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return run_command(cmd, timeout=timeout, env=env, name="torch.distributed.launch")
 
 
 def simulate_nodes(nnodes: int = 2, nproc_per_node: int = 2, rendezvous: str = "static",
@@ -140,26 +141,14 @@ def run_and_stop(module: str, args: Sequence[str], stop_when: str, nproc_per_nod
     Shows what Ctrl-C (SIGINT) or a scheduler's SIGTERM does to a job: the agent
     forwards the signal to every worker, waits for them, and exits non-zero.
     """
-    cmd = torchrun_command(module, nproc_per_node, args)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    lines, deadline, sent = [], time.monotonic() + timeout, False
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if not sent and stop_when in line:
-                proc.send_signal(sig)  # the agent only: it is torchrun's job to stop the workers
-                sent = True
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"torchrun still running after {timeout:g} s")
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    return TorchrunResult(proc.returncode, "".join(lines))
+    sent = []
+
+    def stop(line: str, agent: subprocess.Popen) -> None:
+        if not sent and stop_when in line:
+            agent.send_signal(sig)  # the agent only: it is torchrun's job to stop the workers
+            sent.append(sig)
+
+    return torchrun(module, nproc_per_node, args, timeout=timeout, check=False, threads=1, on_line=stop)
 
 
 def exit_on_sigterm() -> Any:
