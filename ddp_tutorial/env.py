@@ -3,7 +3,9 @@
 The rule used everywhere in the course (``00_start_here``, ``06_ddp_spawn``, ``train``):
 NCCL and ``cuda:LOCAL_RANK`` only when CUDA has a device for every local rank,
 otherwise gloo on the CPU. The pure functions take device counts as arguments so
-the rule is unit-tested without a GPU.
+the rule is unit-tested without a GPU. Inside a group, ``rank_device()`` is where a
+rank's tensors must live: a CPU tensor through NCCL fails ("No backend type
+associated with device type cpu"), so no lesson hard-codes the CPU.
 
 Run a module that needs torchrun without it and you get ``NotLaunchedError``
 saying how to start it, instead of a ``KeyError: 'RANK'``.
@@ -22,15 +24,21 @@ from typing import Iterator, Mapping, TextIO
 import torch
 import torch.distributed as dist
 
-__all__ = ["choose_backend", "choose_device", "set_device_for", "RankInfo", "NotLaunchedError",
-           "rank_info", "launched_by_torchrun", "whole_lines", "distributed"]
+__all__ = ["cuda_device_count", "choose_backend", "serves_cuda", "choose_device", "set_device_for", "RankInfo",
+           "NotLaunchedError", "rank_info", "local_rank", "rank_device", "launched_by_torchrun", "whole_lines",
+           "distributed"]
+
+
+def cuda_device_count() -> int:
+    """The CUDA devices this process sees (0 without CUDA); it opens no context on any of them."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def choose_backend(cuda_devices: int | None = None, local_world_size: int = 1,
                    nccl_available: bool | None = None) -> str:
     """``"nccl"`` when there is a CUDA device for each of ``local_world_size`` local ranks, else ``"gloo"``."""
     if cuda_devices is None:
-        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        cuda_devices = cuda_device_count()
     if nccl_available is None:
         nccl_available = dist.is_available() and dist.is_nccl_available()
     if local_world_size < 1:
@@ -38,12 +46,23 @@ def choose_backend(cuda_devices: int | None = None, local_world_size: int = 1,
     return "nccl" if nccl_available and cuda_devices >= local_world_size else "gloo"
 
 
+def serves_cuda(backend: str) -> bool:
+    """True for ``"nccl"`` and for a device map with a CUDA entry (``"cpu:gloo,cuda:nccl"``).
+
+    gloo alone is the CPU's backend here: the course never sends CUDA tensors through it.
+    """
+    backend = str(backend).lower()
+    if ":" not in backend:
+        return backend == "nccl"
+    return any(pair.split(":")[0].strip() == "cuda" for pair in backend.split(","))
+
+
 def choose_device(local_rank: int, backend: str, cuda_devices: int | None = None) -> torch.device:
-    """The device a rank computes on: ``cuda:local_rank`` with NCCL, the CPU with gloo."""
-    if backend != "nccl":
+    """The device a rank computes on: ``cuda:local_rank`` when the backend serves CUDA, else the CPU."""
+    if not serves_cuda(backend):
         return torch.device("cpu")
     if cuda_devices is None:
-        cuda_devices = torch.cuda.device_count()
+        cuda_devices = cuda_device_count()
     if not 0 <= local_rank < cuda_devices:
         raise ValueError(f"local_rank {local_rank} has no GPU: this node has {cuda_devices} "
                          f"CUDA device(s); start at most {cuda_devices} processes per node")
@@ -114,6 +133,31 @@ def rank_info(environ: Mapping[str, str] | None = None, *, module: str = "this m
     return RankInfo(rank, local_rank, world_size, local_world_size, restarts)
 
 
+def local_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's rank on its node: ``LOCAL_RANK`` (torchrun, ``launch.spawn``), else ``RANK``
+    (as in ``rank_info``), else the rank in the initialised default group (the ``mp.spawn``
+    recipes start every rank on one node), else 0.
+    """
+    env = os.environ if environ is None else environ
+    for name in ("LOCAL_RANK", "RANK"):
+        if name in env:
+            try:
+                return int(env[name])
+            except ValueError:
+                raise NotLaunchedError(f"malformed launcher environment: {name}={env[name]!r}") from None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return 0
+
+
+def rank_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Where this rank's tensors live for ``group``'s backend (default group): ``cuda:LOCAL_RANK``
+    when it serves CUDA, else the CPU. Every lesson that puts tensors through a collective uses it
+    (``03_point_to_point``, ``04_collectives``, ``06_ddp_spawn``, ...).
+    """
+    return choose_device(local_rank(), dist.get_backend(group))
+
+
 def whole_lines(*streams: TextIO) -> None:
     """Make every ``print`` reach the OS as one write, so ranks sharing a pipe never split a line.
 
@@ -129,20 +173,27 @@ def whole_lines(*streams: TextIO) -> None:
 
 @contextmanager
 def distributed(backend: str | None = None, *, timeout: float = 300.0,
-                environ: Mapping[str, str] | None = None) -> Iterator[tuple[RankInfo, torch.device]]:
+                environ: Mapping[str, str] | None = None,
+                device: torch.device | None = None) -> Iterator[tuple[RankInfo, torch.device]]:
     """Join the default process group from torchrun's environment; always leave it.
 
     Yields ``(info, device)``. A single process (no torchrun) gets a world of
     one, so the same script runs alone and under torchrun. If the group was
     already initialised (by ``launch.spawn``), it is used and left alone.
+    ``device`` (default: ``choose_device``) becomes the current CUDA device
+    before the group exists: a model-parallel rank passes its first own GPU
+    (``09_model_parallel_ddp``), so it never opens a context on another's.
     """
     info = rank_info(environ)
     if dist.is_initialized():
-        yield info, choose_device(info.local_rank, dist.get_backend())
+        yield info, device or choose_device(local_rank(environ), dist.get_backend())
         return
     whole_lines()  # ranks share one stdout under torchrun: keep each printed line whole
     backend = backend or choose_backend(local_world_size=info.local_world_size)
-    device = set_device_for(info.local_rank, backend)
+    if device is None:
+        device = set_device_for(info.local_rank, backend)
+    elif device.type == "cuda":
+        torch.cuda.set_device(device)  # before NCCL or anything else touches CUDA
     limit = timedelta(seconds=timeout)
     if not launched_by_torchrun(environ):
         # One process: a world of one on an in-memory store, no port needed.

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.env import (NotLaunchedError, RankInfo, choose_backend, choose_device, distributed,
-                              rank_info, whole_lines)
+from ddp_tutorial.env import (NotLaunchedError, RankInfo, choose_backend, choose_device, distributed, local_rank,
+                              rank_device, rank_info, serves_cuda, whole_lines)
 from ddp_tutorial.launch import spawn
 
 
@@ -53,6 +53,49 @@ def test_device_is_cpu_with_gloo(local_rank):
 def test_device_error_names_the_rank_without_a_gpu():
     with pytest.raises(ValueError, match="local_rank 2 has no GPU: this node has 2 CUDA device"):
         choose_device(2, "nccl", cuda_devices=2)
+
+
+@pytest.mark.parametrize("backend, cuda", [
+    ("nccl", True), ("gloo", False), ("NCCL", True),
+    ("cpu:gloo,cuda:nccl", True),   # a device map: CPU tensors to gloo, GPU tensors to NCCL
+    ("cuda:nccl,cpu:gloo", True), ("cpu:gloo", False),
+])
+def test_which_backends_serve_cuda(backend, cuda):
+    assert serves_cuda(backend) is cuda
+
+
+def test_a_device_map_group_computes_on_the_ranks_gpu():
+    assert choose_device(1, "cpu:gloo,cuda:nccl", cuda_devices=2) == torch.device("cuda", 1)
+    assert choose_device(1, "cpu:gloo", cuda_devices=2) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("gpus, local_world_size, device", [
+    (0, 1, "cpu"),      # a laptop: a world of one on gloo, the lesson's tensors on the CPU
+    (1, 1, "cuda:0"),   # one GPU: a world of one is NCCL, so the tensors must be on cuda:0
+    (1, 2, "cpu"),      # two ranks, one GPU: gloo for both
+    (2, 2, "cuda:1"),   # the last local rank on its own GPU
+])
+def test_where_a_worlds_last_rank_puts_its_tensors(gpus, local_world_size, device):
+    backend = choose_backend(gpus, local_world_size, nccl_available=True)
+    environ = {"RANK": str(local_world_size - 1), "LOCAL_RANK": str(local_world_size - 1),
+               "WORLD_SIZE": str(local_world_size)}
+    assert choose_device(local_rank(environ), backend, cuda_devices=gpus) == torch.device(device)
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"LOCAL_RANK": "3", "RANK": "7"}, 3),   # torchrun and spawn set it
+    ({"LOCAL_RANK": "1"}, 1),                # an mp.spawn recipe sets only LOCAL_RANK
+    ({"RANK": "5"}, 5),                      # like rank_info: no LOCAL_RANK means one node
+    ({}, 0),                                 # alone, no group
+])
+def test_local_rank_from_the_environment(environ, expected):
+    assert not dist.is_initialized()
+    assert local_rank(environ) == expected
+
+
+def test_a_malformed_local_rank_is_a_clear_error():
+    with pytest.raises(NotLaunchedError, match="LOCAL_RANK='x'"):
+        local_rank({"LOCAL_RANK": "x"})
 
 
 def test_rank_info_from_a_torchrun_environment():
@@ -158,6 +201,20 @@ def use_distributed_inside_spawn(rank: int, world_size: int) -> tuple:
     return inside, dist.is_initialized(), dist.group.WORLD is group
 
 
+def devices_inside_spawn(rank: int, world_size: int) -> tuple:
+    """A spawn target: the rank's device for the default group and for a gloo side group."""
+    side = dist.new_group(backend="gloo")
+    x = torch.tensor([1.0], device=rank_device())
+    dist.all_reduce(x)
+    return str(rank_device()), str(rank_device(side)), x.item(), local_rank()
+
+
+@pytest.mark.timeout(90)
+def test_rank_device_inside_spawn_matches_the_backend():
+    results = spawn(devices_inside_spawn, 2, backend="gloo", timeout=60)
+    assert results == [("cpu", "cpu", 2.0, rank) for rank in range(2)]
+
+
 @pytest.mark.timeout(90)
 def test_distributed_uses_and_leaves_alone_a_group_set_up_before():
     results = spawn(use_distributed_inside_spawn, 2, timeout=60)
@@ -180,4 +237,16 @@ def test_distributed_leaves_the_group_even_when_the_body_raises(monkeypatch):
         assert not dist.is_initialized()
     finally:
         if dist.is_initialized():  # never leave a group behind for the other tests
+            dist.destroy_process_group()
+
+
+def test_distributed_makes_the_given_device_current_and_yields_it(monkeypatch):
+    # A model-parallel rank passes its first own device (09); on the CPU nothing becomes current.
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    try:
+        with distributed("gloo", environ={}, device=torch.device("cpu")) as (_, device):
+            assert device == torch.device("cpu") and rank_device() == torch.device("cpu")
+    finally:
+        if dist.is_initialized():
             dist.destroy_process_group()
