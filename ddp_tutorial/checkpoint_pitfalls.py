@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from ddp_tutorial.env import distributed
 
-__all__ = ["PausingWriter", "every_rank_saves", "rank0_saves_atomically", "load_gpu_checkpoint"]
+__all__ = ["PausingWriter", "every_rank_saves", "rank0_saves_atomically", "load_gpu_checkpoint",
+           "unmapped_load_lands_on"]
 
 
 class PausingWriter:
@@ -117,19 +118,27 @@ def rank0_saves_atomically(rank: int, world_size: int, path: str) -> str:
         return f"during the save: {seen_during or '(writing)'}; after the barrier: {after}"
 
 
+def unmapped_load_lands_on(cuda_devices: int) -> str:
+    """Where a checkpoint saved from ``cuda:0`` loads without ``map_location``: ``"cuda:0"`` on every
+    rank when this machine has CUDA, else ``"error"`` (torch cannot restore onto a missing GPU)."""
+    return "cuda:0" if cuda_devices > 0 else "error"
+
+
 def load_gpu_checkpoint(rank: int, world_size: int, path: str, use_map_location: bool) -> str:
     """Rank 0 saves a checkpoint from its GPU (``cuda:0``); every rank loads it.
 
     Without ``map_location`` the tensors go back to ``cuda:0`` on every rank (on
-    GPUs: all ranks fill GPU 0) or fail on a machine without CUDA. With
-    ``map_location=device`` each rank gets them on its own device.
+    GPUs: all ranks fill GPU 0) or fail on a machine without CUDA
+    (``unmapped_load_lands_on``). With ``map_location=device`` each rank gets
+    them on its own device. Returns where they landed and whether that is the
+    rank's own device (``cpu`` with gloo, ``cuda:LOCAL_RANK`` with NCCL).
     """
     with distributed(timeout=30.0) as (_, device):
         if rank == 0:
             if device.type == "cuda":
                 state = {"weight": torch.ones(3, device=device)}
             else:
-                # No GPU here: tag the CPU tensor's storage "cuda:0", which is exactly
+                # A CPU rank: tag the CPU tensor's storage "cuda:0", which is exactly
                 # what a file written on GPU 0 records (torch's own location tags).
                 torch.serialization.register_package(0, lambda storage: "cuda:0",
                                                      lambda storage, location: None)
@@ -143,7 +152,8 @@ def load_gpu_checkpoint(rank: int, world_size: int, path: str, use_map_location:
             weight = torch.load(path, weights_only=True, **kwargs)["weight"]
         except RuntimeError as exc:
             return f"RuntimeError: {str(exc).split('. ')[0]}"
-        return f"loaded on {weight.device}"
+        mine = "its own device" if weight.device == device else f"not its own device ({device})"
+        return f"loaded on {weight.device}: {mine}"
 
 
 def main() -> int:

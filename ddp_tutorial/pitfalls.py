@@ -3,7 +3,8 @@
 Used by ``11_debugging_and_pitfalls``. Every worker here is a small program with
 one classic mistake, plus a switch that applies the fix; ``outcome()`` runs one
 through ``launch.spawn`` and describes what happened in one stable line (an
-error, a hang stopped by the timeout, or the results). Files and processes:
+error, a hang stopped by the timeout, or the results). ``hangs.expect`` picks each
+demo's backend and says what NCCL does instead. Files and processes:
 ``ddp_tutorial.strays``; checkpoints: ``checkpoint_pitfalls``; ports and
 ``--local_rank``: ``launcher_pitfalls``. From a shell:
 
@@ -28,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.ddp_spawn import sampler_orders
-from ddp_tutorial.env import choose_backend, distributed
+from ddp_tutorial.hangs import HANG_CHECKLIST, expect
+from ddp_tutorial.env import choose_backend, distributed, rank_info
 from ddp_tutorial.launch import WorkerError, WorkerTimeout, spawn
 
 __all__ = ["Outcome", "outcome", "clean_message", "extra_collective", "skips_barrier", "joins", "uneven_inputs",
@@ -90,12 +92,16 @@ def outcome(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (
     return found
 
 
+def _backend(demo: str) -> str:
+    """The backend ``demo``'s ranks use on this machine (``hangs.expect``)."""
+    return expect(demo, choose_backend(local_world_size=rank_info().local_world_size)).runs_on
+
+
 def _join(timeout: float, world_size: int | None = None) -> None:
     """``init_process_group`` from the launcher's environment, with a short timeout so hangs surface."""
-    backend = choose_backend(local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout),
-                            world_size=-1 if world_size is None else world_size,
-                            rank=int(os.environ["RANK"]))
+    info = rank_info()
+    dist.init_process_group(_backend("joins"), timeout=timedelta(seconds=timeout),
+                            world_size=info.world_size if world_size is None else world_size, rank=info.rank)
 
 
 # ------------------------------------------------------ mismatched collectives
@@ -110,7 +116,8 @@ def extra_collective(rank: int, world_size: int, debug: str | None = None) -> fl
     if debug:
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = debug
         dist.set_debug_level_from_env()  # torch read the variable at import; read it again
-    with distributed(timeout=30.0) as (_, device):
+    with distributed(_backend("extra_collective_detail" if debug else "extra_collective"),
+                     timeout=30.0) as (_, device):
         grads = torch.ones(10, device=device)
         try:
             if rank == 0:  # the bug: a collective inside "if rank == 0"
@@ -124,7 +131,7 @@ def extra_collective(rank: int, world_size: int, debug: str | None = None) -> fl
 
 def skips_barrier(rank: int, world_size: int, stuck_rank: int | None = 1, wait: float = 2.0) -> str:
     """One rank is stuck elsewhere (``stuck_rank``); ``monitored_barrier`` names it after ``wait`` s."""
-    with distributed(timeout=30.0):
+    with distributed(_backend("skips_barrier"), timeout=30.0):
         # monitored_barrier exists on gloo only; on GPUs run it on a gloo side group
         group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         if rank == stuck_rank:
@@ -169,7 +176,7 @@ def uneven_inputs(rank: int, world_size: int, use_join: bool = False,
 
     import torch._dynamo  # noqa: F401  (DDP imports it on first use: seconds, so before the clock)
 
-    with distributed() as (_, device):
+    with distributed(_backend("uneven_inputs")) as (_, device):
         dist.barrier()
         # A group whose collectives give up after `wait` s: the hang becomes visible.
         group = dist.new_group(timeout=timedelta(seconds=wait))
@@ -193,27 +200,6 @@ def uneven_inputs(rank: int, world_size: int, use_join: bool = False,
         return done, f"weights sum {sum(p.sum().item() for p in model.parameters()):.4f}"
 
 
-HANG_CHECKLIST = """\
-When a distributed job hangs or will not start
- 1. Same versions everywhere: python -m ddp_tutorial on each node (torch, CUDA, NCCL, Python).
- 2. Every rank started? Count processes per node; WORLD_SIZE = nnodes x nproc_per_node.
- 3. Rendezvous reachable: from each node, nc -zv MASTER_ADDR MASTER_PORT; open the
-    firewall for that port and for the ports NCCL/gloo pick between nodes.
- 4. Right network interface: GLOO_SOCKET_IFNAME=eth0 / NCCL_SOCKET_IFNAME=eth0
-    (not lo, docker0 or a VPN); ip addr shows the names.
- 5. Logs: NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET), TORCH_CPP_LOG_LEVEL=INFO,
-    TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that collectives match on every rank).
- 6. Find the missing rank: dist.monitored_barrier(timeout=...) names it (gloo group).
- 7. Where is each rank stuck? py-spy dump --pid PID for every rank (pgrep -P <torchrun pid>).
- 8. Finite timeouts: init_process_group(timeout=...) so a hang becomes an error.
- 9. Same data length on every rank (DistributedSampler, drop_last) or DDP's Join.
-10. After a crash, end stray ranks by id, never by name. Find them by session
-    (ps -eo pid,ppid,sid,args), by the port they hold (ss -ltnp), or, for torchrun's
-    workers (each its own session, ppid 1 once torchrun died), by job id:
-    grep -l TORCHELASTIC_RUN_ID=ID /proc/[0-9]*/environ.
-"""
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.pitfalls", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -229,8 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     from ddp_tutorial.checkpoint_pitfalls import main as checkpoint_demos
     from ddp_tutorial.strays import run_all as run_process_demos
 
+    machine = choose_backend(local_world_size=2)
     for title, name, fn_args in _DEMOS:
         print(f"{title}: {outcome(getattr(m, name), 2, fn_args, timeout=60.0)}", flush=True)
+        if machine == "nccl":  # some demos ran on gloo: say what NCCL does instead
+            print(f"  on nccl: {expect(name + '_detail' if fn_args == ('DETAIL',) else name, machine).on_nccl}")
     for flag in (False, True):
         orders = [sampler_orders(r, 2, 8, 3, set_epoch=flag) for r in range(2)]
         print(f"set_epoch={flag}: rank 0 sees {orders[0]}")
