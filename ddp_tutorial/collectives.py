@@ -17,21 +17,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.ring import segment_bounds
 
-__all__ = ["COLLECTIVES", "Holding", "device", "rank_data", "broadcast", "scatter", "gather",
+__all__ = ["COLLECTIVES", "Holding", "rank_data", "broadcast", "scatter", "gather",
            "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_gather_uneven",
            "ragged_all_gather", "run_all", "every_reduce_op", "async_all_reduce"]
 
 # (before, after): what a rank holds, ``None`` where it holds nothing it may read
 Holding = Tuple[Optional[list], Optional[list]]
-
-
-def device() -> torch.device:
-    """Where this rank's tensors must live for the group's backend: its GPU with NCCL, else the CPU."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def rank_data(rank: int, numel: int, dtype: torch.dtype = torch.float32,
@@ -47,7 +41,7 @@ def _listed(x: torch.Tensor | None) -> Optional[list]:
 def broadcast(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
               src: int = 0) -> Holding:
     """Rank ``src``'s tensor is copied to every rank (DDP does this to the initial weights)."""
-    x = rank_data(rank, numel, dtype, device())
+    x = rank_data(rank, numel, dtype, rank_device())
     before = x.tolist()
     dist.broadcast(x, src=src)
     return before, x.tolist()
@@ -58,8 +52,8 @@ def scatter(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
     """Rank ``src`` cuts its data into ``world_size`` chunks; rank i receives chunk i."""
     chunks = None
     if rank == src:
-        chunks = list(rank_data(rank, numel * world_size, dtype, device()).chunk(world_size))
-    out = torch.zeros(numel, dtype=dtype, device=device())
+        chunks = list(rank_data(rank, numel * world_size, dtype, rank_device()).chunk(world_size))
+    out = torch.zeros(numel, dtype=dtype, device=rank_device())
     dist.scatter(out, chunks, src=src)
     return _listed(torch.cat(chunks) if chunks else None), out.tolist()
 
@@ -67,7 +61,7 @@ def scatter(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
 def gather(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
            dst: int = 0) -> Holding:
     """Every rank's tensor lands, in rank order, on rank ``dst`` only."""
-    x = rank_data(rank, numel, dtype, device())
+    x = rank_data(rank, numel, dtype, rank_device())
     bucket = [torch.empty_like(x) for _ in range(world_size)] if rank == dst else None
     dist.gather(x, bucket, dst=dst)
     return x.tolist(), _listed(torch.cat(bucket) if bucket else None)
@@ -76,7 +70,7 @@ def gather(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
 def reduce(rank: int, world_size: int, numel: int = 2, dtype=torch.float32, dst: int = 0,
            op=ReduceOp.SUM) -> Holding:
     """The element-wise ``op`` of all tensors, on rank ``dst`` only (the others' tensors are scratch)."""
-    x = rank_data(rank, numel, dtype, device())
+    x = rank_data(rank, numel, dtype, rank_device())
     before = x.tolist()
     dist.reduce(x, dst=dst, op=op)
     return before, x.tolist() if rank == dst else None
@@ -85,7 +79,7 @@ def reduce(rank: int, world_size: int, numel: int = 2, dtype=torch.float32, dst:
 def all_reduce(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
                op=ReduceOp.SUM) -> Holding:
     """The element-wise ``op`` of all tensors, on every rank (DDP's gradient averaging)."""
-    x = rank_data(rank, numel, dtype, device())
+    x = rank_data(rank, numel, dtype, rank_device())
     before = x.tolist()
     dist.all_reduce(x, op=op)
     return before, x.tolist()
@@ -93,7 +87,7 @@ def all_reduce(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
 
 def all_gather(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> Holding:
     """Every rank ends with every rank's tensor, in rank order (ZeRO-3/FSDP rebuild weights so)."""
-    x = rank_data(rank, numel, dtype, device())
+    x = rank_data(rank, numel, dtype, rank_device())
     out = [torch.empty_like(x) for _ in range(world_size)]
     dist.all_gather(out, x)
     return x.tolist(), torch.cat(out).tolist()
@@ -102,7 +96,7 @@ def all_gather(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) 
 def reduce_scatter(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
                    op=ReduceOp.SUM) -> Holding:
     """Reduce, but rank i keeps only part i of the result (ZeRO's gradient step). Parts may be uneven."""
-    x = rank_data(rank, numel, dtype, device())
+    x = rank_data(rank, numel, dtype, rank_device())
     parts = [x[a:b] for a, b in segment_bounds(numel, world_size)]
     out = torch.empty_like(parts[rank])
     dist.reduce_scatter(out, parts, op=op)
@@ -111,7 +105,7 @@ def reduce_scatter(rank: int, world_size: int, numel: int = 2, dtype=torch.float
 
 def all_to_all(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> Holding:
     """Part j of rank i's tensor goes to rank j: a transpose across ranks (MoE token routing)."""
-    x = rank_data(rank, numel, dtype, device())
+    x = rank_data(rank, numel, dtype, rank_device())
     sizes = [b - a for a, b in segment_bounds(numel, world_size)]
     out = torch.empty(sizes[rank] * world_size, dtype=dtype, device=x.device)
     # the _single form takes uneven split sizes; the list form needs equal parts on gloo
@@ -140,7 +134,7 @@ def all_gather_uneven(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
 
 def ragged_all_gather(rank: int, world_size: int, dtype=torch.float32) -> Holding:
     """Rank r holds r + 1 values; everyone ends with all of them (a worker for ``all_gather_uneven``)."""
-    x = rank_data(rank, rank + 1, dtype, device())
+    x = rank_data(rank, rank + 1, dtype, rank_device())
     return x.tolist(), torch.cat(all_gather_uneven(x)).tolist()
 
 
@@ -158,7 +152,7 @@ def every_reduce_op(rank: int, world_size: int) -> dict[str, str]:
     results = {}
     for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR"):
         dtype = torch.int64 if name.startswith("B") else torch.float32
-        x = torch.tensor([rank + 1, 6 - rank], dtype=dtype, device=device())
+        x = torch.tensor([rank + 1, 6 - rank], dtype=dtype, device=rank_device())
         try:
             dist.all_reduce(x, op=getattr(ReduceOp, name))
             results[name] = str(x.tolist())
@@ -170,7 +164,7 @@ def every_reduce_op(rank: int, world_size: int) -> dict[str, str]:
 
 def async_all_reduce(rank: int, world_size: int, numel: int = 1 << 16) -> dict:
     """``async_op=True`` returns a work handle at once; compute meanwhile, ``wait()`` before reading."""
-    x = torch.full((numel,), float(rank + 1), device=device())
+    x = torch.full((numel,), float(rank + 1), device=rank_device())
     work = dist.all_reduce(x, async_op=True)
     local = float((torch.arange(100.0) ** 2).sum())  # work that does not touch x overlaps the transfer
     work.wait()  # only now may x be read (or written)
@@ -182,8 +176,6 @@ def async_all_reduce(rank: int, world_size: int, numel: int = 1 << 16) -> dict:
 
 
 def main() -> None:
-    from ddp_tutorial.env import distributed
-
     with distributed() as (info, _device):
         for name, fn in COLLECTIVES.items():
             before, after = fn(info.rank, info.world_size)

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
+from ddp_tutorial.env import local_rank
+
 __all__ = ["DATASETS", "DataError", "DataSpec", "load_dataset", "digits", "cifar10", "fake",
            "shard_indices", "make_loaders"]
 
@@ -112,9 +114,8 @@ def _download_on_rank0(data_dir: str) -> None:
     from torchvision import datasets
 
     distributed = dist.is_available() and dist.is_initialized()
-    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if distributed else 0))
     problem = ""
-    if local_rank == 0:
+    if local_rank() == 0:
         try:
             os.makedirs(data_dir, exist_ok=True)
             datasets.CIFAR10(data_dir, train=True, download=True)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_tutorial.env import choose_device, distributed, rank_info
+from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.models import DeepMLP, SharedLayerNet, ToyModel
 
 __all__ = ["NaiveDDP", "FlatDDP", "BucketedDDP", "assign_buckets", "make_model", "WRAPPERS",
@@ -228,11 +228,6 @@ def make_model(name: str, seed: int, dtype: torch.dtype = torch.float32) -> tupl
         "big": lambda: (DeepMLP(128, 256, 14, 10), (128, 10)),  # 0.92M parameters in 32 tensors
     }[name]()
     return model.to(dtype), shape
-
-
-def rank_device() -> torch.device:
-    """This rank's device in the current group: ``cuda:LOCAL_RANK`` with NCCL, else the CPU."""
-    return choose_device(rank_info().local_rank, dist.get_backend())
 
 
 def compare_with_torch_ddp(rank: int, world_size: int, model_name: str = "mlp", num_steps: int = 5,

@@ -30,14 +30,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddp_tutorial.checkpoint import save_checkpoint
-from ddp_tutorial.env import choose_backend, choose_device, distributed, launched_by_torchrun, set_device_for
+from ddp_tutorial.env import choose_backend, distributed, launched_by_torchrun, rank_device, set_device_for
 from ddp_tutorial.launch import LOCALHOST, free_port
 from ddp_tutorial.models import ToyModel
-
-
-def _device() -> torch.device:
-    """This rank's device, from the group's backend (spawn and torchrun set LOCAL_RANK)."""
-    return choose_device(int(os.environ.get("LOCAL_RANK", dist.get_rank())), dist.get_backend())
 
 
 def wrap(model: nn.Module, device: torch.device, process_group: dist.ProcessGroup | None = None) -> DDP:
@@ -53,7 +48,7 @@ def checksum(module: nn.Module) -> float:
 
 def toy_example(rank: int, world_size: int, num_steps: int = 5, lr: float = 0.01) -> dict:
     """The basic DDP loop: ToyModel, random data that differs per rank, MSE loss, SGD."""
-    device = _device()
+    device = rank_device()
     torch.manual_seed(0)  # every rank builds the same initial weights
     model = wrap(ToyModel(), device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
@@ -74,9 +69,9 @@ def toy_example(rank: int, world_size: int, num_steps: int = 5, lr: float = 0.01
 def initial_weights(rank: int, world_size: int, seed_per_rank: bool = True) -> dict:
     """Weights before and after ``DDP(...)``: a seed per rank (a bug) makes them differ, DDP fixes it."""
     torch.manual_seed(rank if seed_per_rank else 0)
-    model = ToyModel().to(_device())
+    model = ToyModel().to(rank_device())
     before = checksum(model)
-    ddp = wrap(model, _device())
+    ddp = wrap(model, rank_device())
     return {"before": before, "after": checksum(ddp.module)}
 
 
@@ -118,7 +113,7 @@ def _train(model: nn.Module, loader: DataLoader, num_epochs: int, lr: float, dev
 def train_ddp(rank: int, world_size: int, dataset: TensorDataset, batch_size: int, num_epochs: int,
               lr: float, seed: int = 0) -> dict:
     """DDP training with a per-process ``batch_size``: the global batch is ``batch_size * world_size``."""
-    device = _device()
+    device = rank_device()
     torch.manual_seed(seed)
     model = wrap(ToyModel().to(dataset.tensors[0].dtype), device)
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
@@ -155,7 +150,7 @@ def _train_a_little(device: torch.device, num_steps: int) -> DDP:
 
 def checkpoint_round_trip(rank: int, world_size: int, path: str, num_steps: int = 3) -> dict:
     """Train, save on rank 0 only, ``barrier``, then every rank loads onto its own device."""
-    device = _device()
+    device = rank_device()
     model = _train_a_little(device, num_steps)
     if rank == 0:  # one writer: N ranks writing the same file would race
         save_checkpoint({"model": model.module.state_dict(), "step": num_steps}, path)
@@ -180,7 +175,7 @@ def _counting_allreduce(state, bucket):  # no annotations: DDP checks them and o
 
 def accumulate(rank: int, world_size: int, micro_batches: int = 4) -> dict:
     """Gradient accumulation over ``micro_batches``, with and without ``no_sync``: all-reduces and gradients."""
-    device = _device()
+    device = rank_device()
     g = torch.Generator().manual_seed(rank)
     batches = [torch.randn(4, 10, generator=g).to(device) for _ in range(micro_batches)]
     results = {}
@@ -205,10 +200,12 @@ def uneven_inputs(rank: int, world_size: int, use_join: bool = True, num_batches
 
     Without ``Join`` a rank with more batches waits in an all-reduce that no
     other rank joins: a hang, until DDP's group times out after
-    ``collective_timeout`` seconds and raises. ``Join`` lets finished ranks
-    shadow the missing all-reduces until everyone is done.
+    ``collective_timeout`` seconds. gloo raises; NCCL's watchdog aborts the
+    process instead (``hangs.expect("ddp_uneven_inputs", backend)`` says
+    what each shows). ``Join`` lets finished ranks shadow the missing
+    all-reduces until everyone is done, on either backend.
     """
-    device = _device()
+    device = rank_device()
     import torch._dynamo  # noqa: F401  DDP imports it (seconds); here, before the short timeout applies
     dist.barrier()
     # DDP gets its own group: its timeout is how long a rank waits for a partner that never comes.

@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.env import distributed
+from ddp_tutorial.env import distributed, rank_device
 
 
 def all_reduce_ranks(rank: int, world_size: int) -> float:
     """Each rank contributes its rank; after ``all_reduce`` every rank holds the sum 0+1+...+(n-1)."""
-    x = torch.tensor([float(rank)])
+    x = torch.tensor([float(rank)], device=rank_device())  # the CPU with gloo, this rank's GPU with NCCL
     print(f"hello from rank {rank} of {world_size}, holding {x.item():.0f}")
     dist.all_reduce(x, op=dist.ReduceOp.SUM)
     print(f"after all_reduce rank {rank} holds {x.item():.0f}")

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch.distributed as dist
 
-from ddp_tutorial.env import choose_backend, choose_device
+from ddp_tutorial.env import choose_backend, choose_device, rank_info
 from ddp_tutorial.launch import LOCALHOST
 from ddp_tutorial.pitfalls import clean_message
 
@@ -52,11 +52,12 @@ def local_rank_report(args: argparse.Namespace) -> None:
     """Print what this rank gets from ``--local_rank``, from ``LOCAL_RANK`` and from the fix."""
     from ddp_tutorial.multinode import resolve_local_rank  # the fix, from 08_torchrun
 
-    info = f"rank {os.environ.get('RANK', '0')}: --local_rank gives {args.local_rank}, " \
+    rank = rank_info()
+    # The raw variable is the lesson here: what the launcher did or did not set.
+    info = f"rank {rank.rank}: --local_rank gives {args.local_rank}, " \
            f"LOCAL_RANK gives {os.environ.get('LOCAL_RANK', 'unset')}, " \
            f"resolve_local_rank gives {resolve_local_rank(None)}"
-    backend = choose_backend(local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    device = choose_device(int(os.environ.get("LOCAL_RANK", 0)), backend)
+    device = choose_device(rank.local_rank, choose_backend(local_world_size=rank.local_world_size))
     print(f"{info} -> device {device}")
 
 

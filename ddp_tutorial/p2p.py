@@ -11,26 +11,20 @@ timeout so that a deadlock turns into an error. From a shell:
 
 from __future__ import annotations
 
-import os
 import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.env import choose_device, distributed, rank_info
+from ddp_tutorial.env import distributed, rank_device, rank_info
 
 SWAP_ORDERS = ("send-first", "recv-first", "by-parity", "nonblocking", "batched")
 
 
-def _device(rank: int) -> torch.device:
-    """cuda:LOCAL_RANK with NCCL (which only moves GPU tensors), the CPU with gloo."""
-    return choose_device(int(os.environ.get("LOCAL_RANK", rank)), dist.get_backend())
-
-
 def send_recv(rank: int, world_size: int) -> dict:
     """Blocking: rank 0 sends its tensor to every other rank in turn; they ``recv`` into a buffer."""
-    device = _device(rank)
+    device = rank_device()  # NCCL moves only GPU tensors: cuda:LOCAL_RANK there, the CPU with gloo
     if rank == 0:
         data = torch.tensor([1.0, 2.0, 3.0], device=device)
         before = data.tolist()
@@ -45,7 +39,7 @@ def send_recv(rank: int, world_size: int) -> dict:
 
 def nonblocking(rank: int, world_size: int) -> dict:
     """``isend``/``irecv`` return a work handle at once; the transfer is done after ``wait()``."""
-    device = _device(rank)
+    device = rank_device()
     if rank == 0:
         data = torch.tensor([4.0, 5.0, 6.0], device=device)
         works = [dist.isend(data, dst=dst) for dst in range(1, world_size)]
@@ -65,7 +59,7 @@ def ring_exchange(rank: int, world_size: int) -> dict:
     if world_size < 2:
         raise ValueError("a ring exchange needs at least 2 ranks")
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    device = _device(rank)
+    device = rank_device()
     outgoing = torch.tensor([10.0 * rank], device=device)
     incoming = torch.zeros(1, device=device)
     ops = [dist.P2POp(dist.isend, outgoing, right), dist.P2POp(dist.irecv, incoming, left)]
@@ -83,7 +77,7 @@ def pass_token(rank: int, world_size: int, laps: int = 1) -> dict:
     if world_size < 2:
         raise ValueError("passing a token needs at least 2 ranks")
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
-    token = torch.zeros(1, device=_device(rank))
+    token = torch.zeros(1, device=rank_device())
     sends = []
     for lap in range(laps):
         if rank != 0 or lap > 0:  # only rank 0, at the start, holds the token without waiting

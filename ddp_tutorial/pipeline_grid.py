@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_tutorial.env import distributed, rank_info
+from ddp_tutorial.env import distributed, rank_device, rank_info
 from ddp_tutorial.model_parallel import toy_batch
 
 __all__ = ["Grid", "mlp_stages", "grid_worker", "train_whole_model"]
@@ -97,7 +97,7 @@ def grid_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.1,
     prev_rank, next_rank = rank - 1, rank + 1  # neighbours in this replica's pipeline
     # Every rank must call new_group for every group, in the same order, even groups it is not in.
     dp_groups = [dist.new_group(grid.data_parallel_ranks(s)) for s in range(grid.num_stages)]
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = rank_device()  # one stage per rank: cuda:LOCAL_RANK with NCCL, else the CPU
     module = mlp_stages(widths, seed)[stage].to(device)
     losses = []
     for step in range(num_steps):

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
-from ddp_tutorial.env import choose_backend, distributed, set_device_for
+from ddp_tutorial.env import choose_backend, distributed, local_rank, rank_device, set_device_for
 from ddp_tutorial.launch import LOCALHOST, free_port
 
 INIT_METHODS = ("env", "tcp", "file")
@@ -48,15 +48,11 @@ def init_url(method: str, file_path: str | os.PathLike | None = None) -> str:
     raise ValueError(f"unknown init method {method!r}; choose one of {INIT_METHODS}")
 
 
-def _local_rank(rank: int) -> int:
-    return int(os.environ.get("LOCAL_RANK", rank))
-
-
 def join_with(rank: int, world_size: int, method: str, file_path: str | None = None,
               backend: str | None = None) -> dict:
     """Join the default group with one init method, all-reduce ``rank + 1``, leave."""
     backend = backend or choose_backend(local_world_size=world_size)
-    device = set_device_for(_local_rank(rank), backend)
+    device = set_device_for(local_rank(), backend)
     dist.init_process_group(backend, init_method=init_url(method, file_path),
                             rank=rank, world_size=world_size)
     try:
@@ -94,9 +90,10 @@ def subgroup_sums(rank: int, world_size: int) -> dict:
     evens = dist.new_group(list(range(0, world_size, 2)))
     odds = dist.new_group(list(range(1, world_size, 2))) if world_size > 1 else None
     mine = evens if rank % 2 == 0 else odds
-    in_group = torch.tensor([float(rank)])
+    device = rank_device()  # sub-groups share the default group's backend: NCCL wants GPU tensors
+    in_group = torch.tensor([float(rank)], device=device)
     dist.all_reduce(in_group, group=mine)
-    in_world = torch.tensor([float(rank)])
+    in_world = torch.tensor([float(rank)], device=device)
     dist.all_reduce(in_world)  # group=None: the default group, all ranks
     return {"rank": rank, "group": "even" if rank % 2 == 0 else "odd",
             "group_rank": dist.get_rank(mine), "group_size": dist.get_world_size(mine),

@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from ddp_tutorial.env import distributed, rank_device
+
 __all__ = ["ring_all_reduce", "segment_bounds", "ring_trace", "compare_with_dist", "SUPPORTED_OPS",
            "PIECE_BYTES", "DEPTH"]
 
@@ -168,7 +170,7 @@ def ring_trace(rank: int, world_size: int, numel: int | None = None) -> list[lis
     tells which ranks have been added in: 1011 = ranks 0, 1 and 3.
     """
     numel = world_size if numel is None else numel
-    x = torch.full((numel,), float(10 ** rank), dtype=torch.float64)
+    x = torch.full((numel,), float(10 ** rank), dtype=torch.float64, device=rank_device())
     states = [x.tolist()]
     _ring(x, ReduceOp.SUM, None, snapshot=lambda step: states.append(x.tolist()))
     expected = float(sum(10 ** r for r in range(world_size)))
@@ -179,7 +181,7 @@ def ring_trace(rank: int, world_size: int, numel: int | None = None) -> list[lis
 def compare_with_dist(rank: int, world_size: int, numel: int = 5,
                       dtype: torch.dtype = torch.float64) -> dict[str, tuple[list, bool]]:
     """Each op on one input through ``ring_all_reduce`` and ``dist.all_reduce``: (ring result, equal?)."""
-    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    on = rank_device()
     out = {}
     for op in SUPPORTED_OPS:
         if op == ReduceOp.AVG and not dtype.is_floating_point:
@@ -193,8 +195,6 @@ def compare_with_dist(rank: int, world_size: int, numel: int = 5,
 
 
 def main() -> None:
-    from ddp_tutorial.env import distributed
-
     with distributed() as (info, device):
         for op in SUPPORTED_OPS:
             x = torch.arange(1, 8, dtype=torch.float64, device=device) + info.rank

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.bench.common import Result
+from ddp_tutorial.env import rank_device
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.ring import _ring, PIECE_BYTES
 
@@ -43,8 +44,8 @@ def bus_factor(world_size: int) -> float:
 def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
                    piece_bytes: int = PIECE_BYTES, max_calls: int = 100) -> list[dict]:
     """Best seconds per all-reduce of float32 messages, ring vs ``dist.all_reduce`` (slowest rank counts)."""
-    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
-    sync = torch.cuda.synchronize if on is not None else (lambda: None)  # GPU ops are asynchronous
+    on = rank_device()
+    sync = torch.cuda.synchronize if on.type == "cuda" else (lambda: None)  # GPU ops are asynchronous
     rows = []
     for size in sizes:
         # Zeros stay zero however often they are summed (random values would grow to inf

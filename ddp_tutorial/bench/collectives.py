@@ -78,9 +78,9 @@ def _call(op: str, nbytes: int, rank: int, n: int, device: torch.device) -> Call
 def measure(rank: int, world_size: int, ops: list[str], sizes: list[int], iters: int = 5,
             repeat: int = 3) -> list[dict]:
     """Worker: seconds per call of each op and size, the slowest rank's, on every rank."""
-    from ddp_tutorial.env import choose_device
+    from ddp_tutorial.env import rank_device
 
-    device = choose_device(rank, dist.get_backend())
+    device = rank_device()
     rows = []
     for op in ops:
         for size in sizes:

@@ -20,7 +20,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.bench.common import Result
-from ddp_tutorial.ddp_from_scratch import WRAPPERS, BucketedDDP, make_model, rank_device
+from ddp_tutorial.ddp_from_scratch import WRAPPERS, BucketedDDP, make_model
+from ddp_tutorial.env import rank_device
 from ddp_tutorial.launch import spawn
 
 HELP = "BucketedDDP / FlatDDP / NaiveDDP vs torch DDP step time (~1M params, 2 ranks)"
@@ -183,7 +184,7 @@ def timeline(rank: int, world_size: int, bucket_cap_mb: float = 1.0, batch_size:
         end = time.perf_counter()
         if step >= 2:
             records.append((end - start, [(kind, index, t - start) for kind, index, t in ddp.events]))
-    slowest = torch.tensor([r[0] for r in records], dtype=torch.float64)
+    slowest = torch.tensor([r[0] for r in records], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     backward, events = records[int(slowest.argmin())]
     result = {"events": events, "backward": backward, "buckets": ddp.buckets,

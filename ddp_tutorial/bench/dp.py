@@ -70,9 +70,9 @@ def ddp_step_seconds(rank: int, world_size: int, global_batch: int, steps: int,
     """Worker: (seconds per DDP step, slowest rank; cores used by all ranks together)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ddp_tutorial.env import choose_device
+    from ddp_tutorial.env import rank_device
 
-    device = choose_device(rank, dist.get_backend())
+    device = rank_device()
     torch.manual_seed(0)
     model = DDP(DeepMLP().to(device), device_ids=[device.index] if device.type == "cuda" else None)
     x, y = _batch(global_batch)
