@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import signal
 import sys
 import time
@@ -34,9 +33,10 @@ from torch.utils.data import DataLoader
 
 from ddp_tutorial.checkpoint import CheckpointError, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from ddp_tutorial.data import DATASETS, DataError, load_dataset, make_loaders
-from ddp_tutorial.env import NotLaunchedError, distributed, rank_info
+from ddp_tutorial.env import NotLaunchedError, distributed, local_rank, rank_info
 from ddp_tutorial.models import TRAIN_MODELS, build_model
 from ddp_tutorial.multinode import exit_on_sigterm
+from ddp_tutorial.reproducibility import deterministic_for, seed_everything
 
 __all__ = ["TrainConfig", "ConfigError", "train", "evaluate", "seed_everything", "default_model", "main"]
 
@@ -67,28 +67,12 @@ class TrainConfig:
     num_samples: int = 2048  # fake data only
     image_size: int = 32  # fake data only
     workers: int = 0  # DataLoader worker processes per rank
-    deterministic: bool = False
+    deterministic: bool | None = None  # None: on a GPU, so runs repeat bitwise (lessons 08, 10); see deterministic_for
     log: bool = True
 
 
 def default_model(dataset: str) -> str:
     return DEFAULT_MODEL.get(dataset, "cnn")
-
-
-def seed_everything(seed: int, deterministic: bool = False) -> None:
-    """Same seed on every rank (identical initial weights); optionally deterministic kernels.
-
-    ``cudnn.benchmark`` tries several convolution algorithms and keeps the
-    fastest, which may differ between runs; ``deterministic`` turns that off and
-    asks for reproducible kernels (slower on a GPU, no effect on the CPU here).
-    """
-    random.seed(seed)
-    torch.manual_seed(seed)
-    torch.backends.cudnn.benchmark = not deterministic
-    torch.backends.cudnn.deterministic = deterministic
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
-        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 @dataclass
@@ -113,7 +97,7 @@ def build(config: TrainConfig, rank: int, world_size: int, device: torch.device)
     model_name = config.model or default_model(config.dataset)
     if model_name not in TRAIN_MODELS:
         raise ConfigError(f"unknown model {model_name!r}; choose one of {', '.join(TRAIN_MODELS)}")
-    seed_everything(config.seed, config.deterministic)
+    seed_everything(config.seed, deterministic_for(config.deterministic, device.type), cuda=device.type == "cuda")
     spec = load_dataset(config.dataset, data_dir=config.data_dir, download=config.download, seed=config.seed,
                         num_samples=config.num_samples, image_size=config.image_size)
     train_loader, test_loader = make_loaders(spec, config.batch_size, rank, world_size, seed=config.seed,
@@ -237,9 +221,17 @@ def _fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, 
             "weights": {k: v.detach().cpu() for k, v in setup.model.state_dict().items()}}
 
 
+def _speaks_for_node() -> bool:
+    """Local rank 0 reports for its node; with a broken launcher environment, every rank does."""
+    try:
+        return local_rank() == 0
+    except NotLaunchedError:
+        return True
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, printed once per node, instead of usage + error
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if _speaks_for_node():
             print(f"{self.prog}: error: {message}", file=sys.stderr)
         self.exit(2)
 
@@ -264,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=d.num_samples, help="fake: training images")
     p.add_argument("--image-size", type=int, default=d.image_size, help="fake: image side")
     p.add_argument("--workers", type=int, default=d.workers, help="DataLoader workers per process")
-    p.add_argument("--deterministic", action="store_true", help="deterministic cuDNN/cuBLAS kernels")
+    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=d.deterministic,
+                   help="deterministic cuDNN/cuBLAS kernels (default: on a GPU)")
     return p
 
 
@@ -275,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         result = train(info.rank, info.world_size, config)
     except (ConfigError, DataError, CheckpointError, NotLaunchedError) as exc:
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # every rank fails alike: say it once per node
+        if _speaks_for_node():  # every rank fails alike: say it once per node
             print(f"ddp_tutorial.train: error: {exc}", file=sys.stderr)
         else:
             time.sleep(1.0)  # torchrun stops the job at the first exit: let local rank 0 say why first

@@ -16,7 +16,8 @@ from ddp_tutorial.checkpoint import CheckpointError, load_checkpoint, same_weigh
 from ddp_tutorial.data import digits, load_dataset, make_loaders, shard_indices
 from ddp_tutorial.launch import spawn, torchrun
 from ddp_tutorial.models import SmallCNN, ToyModel, build_model
-from ddp_tutorial.train import TrainConfig, main, seed_everything, train
+from ddp_tutorial.reproducibility import deterministic_for, determinism_switches
+from ddp_tutorial.train import TrainConfig, build_parser, main, seed_everything, train
 
 import train_workers
 
@@ -252,6 +253,8 @@ def _trained_weights(tmp_path, name: str, *options: str) -> dict:
 
 @pytest.mark.timeout(60)
 def test_seed_fixes_the_result_and_lr_zero_keeps_the_initial_weights(tmp_path, capsys):
+    # Bitwise on a GPU too: main() leaves --deterministic unset, which means deterministic kernels
+    # wherever the run trains on CUDA (deterministic_for); on the CPU they are deterministic already.
     first = _trained_weights(tmp_path, "first", "--seed", "3")
     again = _trained_weights(tmp_path, "again", "--seed", "3")
     other = _trained_weights(tmp_path, "other", "--seed", "4")
@@ -304,3 +307,50 @@ def test_cifar10_download_by_rank0_while_the_others_wait(tmp_path):
     loads = [(rank, done) for _, rank_calls in results for rank, download, done in rank_calls if not download]
     assert downloads == [(0, False), (0, False)]  # train and test split, rank 0 only
     assert loads == [(0, True), (0, True), (1, True), (1, True)]  # every rank read only after the download
+
+
+@pytest.mark.parametrize("requested, device_type, expected", [
+    (None, "cuda", True),    # unset on a GPU: deterministic, so lessons 08 and 10 can compare bitwise
+    (None, "cpu", False),    # unset on the CPU: nothing to switch
+    (True, "cpu", True), (False, "cuda", False), (True, "cuda", True),
+])
+def test_deterministic_unless_told_otherwise_on_a_gpu(requested, device_type, expected):
+    assert deterministic_for(requested, device_type) is expected
+
+
+def test_determinism_switches_are_set_both_ways():
+    on, off = determinism_switches(True, cuda=True), determinism_switches(False, cuda=True)
+    assert on == {"cudnn.benchmark": False, "cudnn.deterministic": True, "deterministic_algorithms": True,
+                  "warn_only": True, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert off == {"cudnn.benchmark": True, "cudnn.deterministic": False, "deterministic_algorithms": False,
+                   "warn_only": True, "CUBLAS_WORKSPACE_CONFIG": None}
+    # cuBLAS's workspace only matters where cuBLAS runs
+    assert determinism_switches(True, cuda=False)["CUBLAS_WORKSPACE_CONFIG"] is None
+
+
+def _flags() -> tuple:
+    return (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+            torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+
+
+def test_seed_everything_false_undoes_true(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "unset")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")  # restored to "absent" after the test
+    try:
+        seed_everything(0, deterministic=True, cuda=True)
+        assert _flags() == (False, True, True, True)
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        seed_everything(0, deterministic=False)
+        assert _flags()[:3] == (True, False, False)
+        seed_everything(0, deterministic=True, cuda=False)
+        assert _flags() == (False, True, True, True)
+    finally:
+        seed_everything(0, deterministic=False)
+        torch.backends.cudnn.benchmark = False  # torch's default, for the tests that follow
+
+
+def test_deterministic_flag_on_the_command_line():
+    parse = build_parser().parse_args
+    assert parse([]).deterministic is None and TrainConfig().deterministic is None
+    assert parse(["--deterministic"]).deterministic is True
+    assert parse(["--no-deterministic"]).deterministic is False
