@@ -5,7 +5,9 @@ second half on ``dev1``, and the activations cross between them in ``forward``.
 DDP then replicates that *two-device* model across processes, exactly as it
 replicates a one-device model. Rank ``r`` of a node uses GPUs ``2r`` and
 ``2r + 1``; without enough GPUs both halves run on the CPU, so the same code runs
-on a laptop and on an 8-GPU node.
+on a laptop and on an 8-GPU node. A rank touches only its own GPUs: it makes the
+first one current before the process group (or anything else) uses CUDA, so it
+sets the group up itself: ``spawn(ddp_mp_worker, 2, init_process_group=False)``.
 
     torchrun --nproc-per-node=2 -m ddp_tutorial.model_parallel   # 2 ranks x 2 devices
     python -m ddp_tutorial.model_parallel                         # one process, a world of one
@@ -20,11 +22,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_tutorial.env import choose_backend, distributed, rank_info
+from ddp_tutorial.env import choose_backend, cuda_device_count, distributed, rank_info
 from ddp_tutorial.models import ToyModel
 
-__all__ = ["device_map", "model_parallel_backend", "ToyMpModel", "toy_batch", "ddp_mp_worker",
-           "train_reference", "training_memory"]
+__all__ = ["device_map", "model_parallel_backend", "model_parallel_plan", "ToyMpModel", "toy_batch",
+           "ddp_mp_worker", "train_reference", "training_memory"]
 
 
 def device_map(local_rank: int, local_world_size: int, cuda_devices: int,
@@ -52,11 +54,23 @@ def device_map(local_rank: int, local_world_size: int, cuda_devices: int,
 
 
 def model_parallel_backend(local_world_size: int, cuda_devices: int | None = None,
-                           devices_per_rank: int = 2) -> str:
+                           devices_per_rank: int = 2, nccl_available: bool | None = None) -> str:
     """nccl when every local rank can have ``devices_per_rank`` GPUs of its own, else gloo."""
     if cuda_devices is None:
-        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return choose_backend(cuda_devices // devices_per_rank, local_world_size)
+        cuda_devices = cuda_device_count()
+    return choose_backend(cuda_devices // devices_per_rank, local_world_size, nccl_available)
+
+
+def model_parallel_plan(local_rank: int, local_world_size: int, cuda_devices: int, devices_per_rank: int = 2,
+                        nccl_available: bool | None = None) -> tuple[str, tuple[torch.device, ...]]:
+    """The backend and ``local_rank``'s own devices (``09_model_parallel_ddp``); ``devices[0]`` becomes current.
+
+    nccl and GPUs ``2r, 2r+1`` when every local rank can have two, else gloo and the CPU
+    twice (with 3 GPUs and 2 ranks, too: a rank never borrows another rank's GPU).
+    """
+    backend = model_parallel_backend(local_world_size, cuda_devices, devices_per_rank, nccl_available)
+    gpus = cuda_devices if backend == "nccl" else 0
+    return backend, device_map(local_rank, local_world_size, gpus, devices_per_rank)
 
 
 class ToyMpModel(nn.Module):
@@ -97,14 +111,18 @@ def ddp_mp_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.
                   batch_size: int = 8, seed: int = 0) -> dict:
     """DDP around a two-device ToyMpModel: each rank trains on its ``batch_size`` rows of the global batch.
 
-    Returns the rank's devices, the global mean loss of every step and the final weights (on the CPU).
+    Sets up its own group: start it with ``spawn(ddp_mp_worker, n, init_process_group=False)``
+    or torchrun. Returns the rank's devices, the global mean loss of every step and the
+    final weights (on the CPU).
     """
-    with distributed(model_parallel_backend(rank_info().local_world_size)) as (info, _):
-        backend = dist.get_backend()
-        cuda = torch.cuda.device_count() if backend == "nccl" else 0
-        dev0, dev1 = device_map(info.local_rank, info.local_world_size, cuda)
-        if dev0.type == "cuda":
-            torch.cuda.set_device(dev0)  # NCCL's own work (barriers) goes to this rank's first GPU
+    if dist.is_initialized():  # the launcher already made cuda:local_rank current: another rank's GPU
+        raise RuntimeError("ddp_mp_worker sets up its own process group, after making its first own GPU "
+                           "current: start it with spawn(ddp_mp_worker, n, init_process_group=False)")
+    info = rank_info()
+    backend, (dev0, dev1) = model_parallel_plan(info.local_rank, info.local_world_size, cuda_device_count())
+    # dev0 is made current before the group exists: NCCL's own work (barriers) goes there,
+    # and no CUDA context opens on a GPU of another rank.
+    with distributed(backend, device=dev0) as (info, _):
         torch.manual_seed(seed)  # same start everywhere; DDP would broadcast rank 0's anyway
         model = ToyMpModel(dev0, dev1).double()
         # No device_ids: they mean "replicate this one-device module on that device".

@@ -12,7 +12,7 @@ from torch import nn
 
 from ddp_tutorial.launch import WorkerError, spawn, torchrun
 from ddp_tutorial.model_parallel import (ToyMpModel, ddp_mp_worker, device_map, model_parallel_backend,
-                                         train_reference, training_memory)
+                                         model_parallel_plan, train_reference, training_memory)
 from ddp_tutorial.models import ToyModel
 from ddp_tutorial.pipeline import (bubble_fraction, ideal_schedule, idle_fraction, microbatch_forward,
                                    pipelined_forward)
@@ -50,6 +50,32 @@ def test_device_map_rejects_a_local_rank_out_of_range():
 def test_backend_falls_back_to_gloo_without_two_gpus_per_rank():
     assert model_parallel_backend(2, cuda_devices=3) == "gloo"
     assert model_parallel_backend(1, cuda_devices=0) == "gloo"
+
+
+@pytest.mark.parametrize("cuda_devices, local_world_size, backend, first_devices", [
+    (0, 2, "gloo", ["cpu", "cpu"]),
+    (1, 1, "gloo", ["cpu"]),                 # one GPU cannot hold both halves of a rank
+    (2, 1, "nccl", ["cuda:0"]),
+    (3, 2, "gloo", ["cpu", "cpu"]),          # rank 1 would need GPUs 2 and 3: nobody borrows
+    (4, 2, "nccl", ["cuda:0", "cuda:2"]),    # rank 1 makes cuda:2 current, never cuda:1
+    (8, 4, "nccl", ["cuda:0", "cuda:2", "cuda:4", "cuda:6"]),
+    (8, 2, "nccl", ["cuda:0", "cuda:2"]),    # spare GPUs stay unused
+])
+def test_plan_gives_each_rank_its_own_devices_and_the_first_one_becomes_current(
+        cuda_devices, local_world_size, backend, first_devices):
+    plans = [model_parallel_plan(r, local_world_size, cuda_devices, nccl_available=True)
+             for r in range(local_world_size)]
+    assert {b for b, _ in plans} == {backend}
+    assert [str(devices[0]) for _, devices in plans] == first_devices
+    if backend == "nccl":  # what launch.spawn would have made current (cuda:local_rank) is not assumed
+        owned = [d for _, devices in plans for d in devices]
+        assert len(set(owned)) == len(owned) == 2 * local_world_size
+        for r, (_, devices) in enumerate(plans):
+            assert [d.index for d in devices] == [2 * r, 2 * r + 1]
+
+
+def test_without_nccl_the_plan_is_the_cpu_whatever_the_gpus():
+    assert model_parallel_plan(1, 2, 8, nccl_available=False) == ("gloo", (torch.device("cpu"),) * 2)
 
 
 # ---------------------------------------------------------------- the split model
@@ -133,13 +159,20 @@ def test_ideal_schedule_bubble_matches_the_formula(stages, micro):
 
 @pytest.mark.timeout(90)
 def test_ddp_around_a_two_device_model_equals_one_process_training():
-    results = spawn(ddp_mp_worker, 2, args=(4, 0.1, 8, 3), timeout=60, quiet=True)
+    results = spawn(ddp_mp_worker, 2, args=(4, 0.1, 8, 3), init_process_group=False, timeout=60, quiet=True)
     ref = train_reference(4, 0.1, 16, 3)
     for r in results:
         assert r["devices"] == ["cpu", "cpu"]
         assert r["losses"] == pytest.approx(ref["losses"], abs=1e-6)
         for name, value in ref["state"].items():
             assert torch.allclose(r["state"][name], value, atol=1e-6)
+
+
+@pytest.mark.timeout(60)
+def test_model_parallel_worker_refuses_a_group_the_launcher_set_up():
+    # launch.spawn's own group would have made cuda:rank current: on GPUs, another rank's device
+    with pytest.raises(WorkerError, match="init_process_group=False"):
+        spawn(ddp_mp_worker, 2, timeout=30, quiet=True)
 
 
 @pytest.mark.timeout(90)
