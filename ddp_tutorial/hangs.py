@@ -60,7 +60,7 @@ _TABLE: dict[str, tuple[bool, tuple[str, str], tuple[str, str], str]] = {
         "the all-reduce that no rank joins is not raised: after the group's timeout NCCL's "
         "watchdog aborts the process; Join works the same on NCCL"),
     "ddp_uneven_inputs": (  # ddp_spawn.uneven_inputs without Join (06_ddp_spawn)
-        True, ("error", "timed out"), ("error", "exited with code"),
+        True, ("error", "Timed out"), ("error", "exited with code"),
         "the all-reduce that no rank joins is not raised: after the group's timeout NCCL's "
         "watchdog aborts the process, so the rank exits without a Python exception"),
 }

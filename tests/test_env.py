@@ -195,7 +195,7 @@ def use_distributed_inside_spawn(rank: int, world_size: int) -> tuple:
     """A spawn target: ``distributed()`` inside a group that ``spawn`` set up."""
     group = dist.group.WORLD
     with distributed() as (info, device):
-        total = torch.tensor([rank + 1.0])
+        total = torch.tensor([rank + 1.0], device=device)  # NCCL on a 2-GPU machine: a GPU tensor
         dist.all_reduce(total)  # the group still works inside
         inside = (info.rank, info.world_size, device.type, total.item())
     return inside, dist.is_initialized(), dist.group.WORLD is group
@@ -218,8 +218,9 @@ def test_rank_device_inside_spawn_matches_the_backend():
 @pytest.mark.timeout(90)
 def test_distributed_uses_and_leaves_alone_a_group_set_up_before():
     results = spawn(use_distributed_inside_spawn, 2, timeout=60)
+    kind = "cuda" if choose_backend(local_world_size=2) == "nccl" else "cpu"  # spawn's own choice
     # inside: spawn's rank and world; after: the very same group, still initialised
-    assert results == [((rank, 2, "cpu", 3.0), True, True) for rank in range(2)]
+    assert results == [((rank, 2, kind, 3.0), True, True) for rank in range(2)]
 
 
 def test_distributed_leaves_the_group_even_when_the_body_raises(monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from ddp_tutorial.env import cuda_device_count
 from ddp_tutorial.launch import WorkerError, spawn, torchrun
 from ddp_tutorial.model_parallel import (ToyMpModel, ddp_mp_worker, device_map, model_parallel_backend,
                                          model_parallel_plan, train_reference, training_memory)
@@ -161,8 +162,8 @@ def test_ideal_schedule_bubble_matches_the_formula(stages, micro):
 def test_ddp_around_a_two_device_model_equals_one_process_training():
     results = spawn(ddp_mp_worker, 2, args=(4, 0.1, 8, 3), init_process_group=False, timeout=60, quiet=True)
     ref = train_reference(4, 0.1, 16, 3)
-    for r in results:
-        assert r["devices"] == ["cpu", "cpu"]
+    for rank, r in enumerate(results):  # the CPU twice here; cuda:2r, cuda:2r+1 with 4 GPUs
+        assert r["devices"] == [str(d) for d in model_parallel_plan(rank, 2, cuda_device_count())[1]]
         assert r["losses"] == pytest.approx(ref["losses"], abs=1e-6)
         for name, value in ref["state"].items():
             assert torch.allclose(r["state"][name], value, atol=1e-6)
