@@ -1,9 +1,10 @@
-"""launch.spawn shows rank output while the ranks run: in a real Jupyter kernel, in a terminal, and how lines are read."""
+"""launch.spawn shows rank output while ranks run: in a real Jupyter kernel, in a terminal; how lines are read."""
 
 from __future__ import annotations
 
 import os
 import pty
+import queue
 import select
 import subprocess
 import sys
@@ -56,18 +57,21 @@ def kernel():
 def run_cell(kc, code: str, timeout: float = 120, during=None) -> list[tuple[float, dict]]:
     """Execute ``code`` as a person's front end does (``input()`` allowed); return the cell's
     iopub messages, each with the time.monotonic() it reached us. ``during(messages)`` is
-    called after each message, until the cell is done."""
+    called every half second or so, until the cell is done."""
     msg_id = kc.execute(code, allow_stdin=True)
     received, deadline = [], time.monotonic() + timeout
-    while True:
-        msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        received.append((time.monotonic(), msg))
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return received
+    while time.monotonic() < deadline:
+        try:
+            msg = kc.get_iopub_msg(timeout=0.5)
+        except queue.Empty:
+            msg = None
+        if msg is not None and msg["parent_header"].get("msg_id") == msg_id:
+            received.append((time.monotonic(), msg))
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return received
         if during is not None:
             during(received)
+    pytest.fail(f"the cell did not finish within {timeout} s: {code}")
 
 
 def text_of(msg: dict) -> str:
@@ -86,7 +90,7 @@ def test_in_jupyter_rank_lines_arrive_while_the_cell_runs_and_the_relay_stays(ke
     assert live, [m["msg_type"] for _, m in received]
     first = next(t for t, msg in live if "[rank 0] tick 0 of rank 0" in text_of(msg))
     # The ranks print for TICKS seconds after their first line: it must not wait for them.
-    assert end - first >= TICKS - 2, f"first rank line {first - start:.1f} s after the start, cell took {end - start:.1f} s"
+    assert end - first >= TICKS - 2, f"first line after {first - start:.1f} s, cell took {end - start:.1f} s"
     assert any("[rank 1] tick 3 of rank 1" in text_of(msg) for _, msg in live)
     # At the end the live display is emptied, and the ordered relay is the cell's output.
     assert live[-1][1]["content"]["data"] == {}
@@ -113,7 +117,7 @@ def test_interrupting_the_kernel_ends_every_rank_and_the_kernel_lives_on(kernel,
     pid_dir.mkdir()
     interrupted = []
 
-    def interrupt_once_both_ranks_run(received):
+    def interrupt_once_both_ranks_run(_received):
         if not interrupted and len(list(pid_dir.glob("*.pid"))) == 2:
             time.sleep(0.5)  # inside the launcher's wait, not in its start-up
             km.interrupt_kernel()
@@ -121,8 +125,7 @@ def test_interrupting_the_kernel_ends_every_rank_and_the_kernel_lives_on(kernel,
 
     code = f"spawn(w.tick, 2, args=(600, {str(pid_dir)!r}), timeout=900)"
     received = run_cell(kc, code, timeout=150, during=interrupt_once_both_ranks_run)
-    if not interrupted:  # no message came after the pids were written: interrupt now
-        pytest.fail("the cell ended before it was interrupted: " + repr([m["content"] for _, m in received]))
+    assert interrupted, "the cell ended before it was interrupted: " + repr([m["content"] for _, m in received])
     errors = [msg["content"] for _, msg in received if msg["msg_type"] == "error"]
     assert errors and errors[0]["ename"] == "KeyboardInterrupt", errors
     pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
@@ -207,7 +210,8 @@ def test_rank_output_is_read_in_finished_lines_with_carriage_returns_resolved(tm
 
 def test_gloo_chatter_is_left_out(tmp_path):
     path = tmp_path / "rank0.out"
-    path.write_text("[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\nmine\n")
+    path.write_text("[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n"
+                    "mine\n")
     out = RankOutput(str(path))
     assert out.finish() == ["mine"]
 
