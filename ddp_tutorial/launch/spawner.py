@@ -139,10 +139,11 @@ def _collect(spec: LaunchSpec, procs: Sequence[mp.process.BaseProcess], conns: d
 
 
 def _show_the_rest(outputs: Sequence[RankOutput], view: LiveView | None) -> None:
-    """Read what the ranks printed last; a live view shows it, then goes."""
+    """Read what the ranks printed last; a live view shows it (unless the relay will), then goes."""
     new = [(rank, line) for rank, output in enumerate(outputs) for line in output.finish()]
     if view is not None:
-        view.show(new, {})
+        if not view.relay_at_end:
+            view.show(new, {})
         view.close()
 
 
