@@ -62,7 +62,7 @@ def toy_example(rank: int, world_size: int, num_steps: int = 5, lr: float = 0.01
         loss.backward()  # gradients are averaged over the ranks during backward
         optimizer.step()
         losses.append(loss.item())
-    print(f"local loss {losses[0]:.3g} -> {losses[-1]:.3g}")  # spawn and torchrun add the rank
+    print(f"rank {rank}: local loss {losses[0]:.3g} -> {losses[-1]:.3g}")
     return {"losses": losses, "checksum": checksum(model)}
 
 
@@ -221,7 +221,7 @@ def uneven_inputs(rank: int, world_size: int, use_join: bool = True, num_batches
             model(torch.randn(4, 10, generator=g).to(device)).pow(2).mean().backward()
             optimizer.step()
             steps += 1
-    print(f"finished its {steps} batches")
+    print(f"rank {rank} finished its {steps} batches")
     dist.barrier()  # end of the epoch, on the default group
     return {"steps": steps, "checksum": checksum(model.module)}
 
@@ -239,7 +239,7 @@ def _mp_worker(rank: int, world_size: int, port: int, num_steps: int) -> None:
     try:
         result = toy_example(rank, world_size, num_steps)
         if rank == 0:
-            print(f"{world_size} ranks, {backend}: final weights checksum {result['checksum']:.5g}")
+            print(f"{world_size} ranks, {backend}: final weights checksum {result['checksum']:.6f}")
     finally:
         gc.collect()  # free the DDP model (it sits in reference cycles) while the group still exists
         dist.destroy_process_group()
@@ -254,7 +254,7 @@ def main() -> None:
         with distributed() as (info, _device_):
             result = toy_example(info.rank, info.world_size, args.num_steps)
             if info.is_main:
-                print(f"{info.world_size} ranks, {dist.get_backend()}: final weights checksum {result['checksum']:.5g}")
+                print(f"{info.world_size} ranks, {dist.get_backend()}: final weights checksum {result['checksum']:.6f}")
         return
     # The port is picked just before the children bind it; launch.spawn avoids even that small race.
     mp.spawn(_mp_worker, args=(args.world_size, free_port(), args.num_steps), nprocs=args.world_size, join=True)
