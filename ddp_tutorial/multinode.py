@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import torch.distributed as dist
 
-from ddp_tutorial.env import distributed
+from ddp_tutorial.env import cuda_device_count, distributed
 from ddp_tutorial.launch import LOCALHOST, TorchrunResult, free_port, run_command, torchrun
 
 __all__ = ["LAUNCHER_VARS", "launcher_env", "resolve_local_rank", "report_ranks", "parse_reports", "log_lines",
@@ -108,6 +108,23 @@ def legacy_launch(module: str, nproc_per_node: int = 2, args: Sequence[str] = ()
     return run_command(cmd, timeout=timeout, env=env, name="torch.distributed.launch")
 
 
+def node_visible_devices(node_rank: int, nproc_per_node: int, nnodes: int, cuda_devices: int,
+                         visible: str | None = None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for one simulated node: its own GPUs, or none at all.
+
+    Real nodes each have their own GPUs. Simulated on one machine, every node would
+    pick ``cuda:LOCAL_RANK`` from the same GPUs and NCCL would refuse two ranks on one
+    GPU ("Duplicate GPU detected"). So node k sees GPUs ``k * nproc_per_node`` onwards;
+    with too few GPUs for all nodes, none sees any and they all use gloo on the CPU.
+    ``visible`` is the caller's own ``CUDA_VISIBLE_DEVICES``, if set: indices count in it.
+    """
+    if cuda_devices < nnodes * nproc_per_node:
+        return ""
+    ids = visible.split(",") if visible else [str(d) for d in range(cuda_devices)]
+    first = node_rank * nproc_per_node
+    return ",".join(ids[first:first + nproc_per_node])
+
+
 def simulate_nodes(nnodes: int = 2, nproc_per_node: int = 2, rendezvous: str = "static",
                    module: str = "ddp_tutorial.multinode", timeout: float = 120.0) -> list[TorchrunResult]:
     """Start ``nnodes`` torchrun agents on 127.0.0.1 at once, as if each were another machine.
@@ -128,7 +145,10 @@ def simulate_nodes(nnodes: int = 2, nproc_per_node: int = 2, rendezvous: str = "
                         rdzv_id="tutorial")
         else:
             raise ValueError(f"rendezvous must be 'static' or 'c10d', got {rendezvous!r}")
-        return torchrun(module, nproc_per_node, timeout=timeout, **opts)
+        gpus = node_visible_devices(node_rank, nproc_per_node, nnodes, cuda_device_count(),
+                                    os.environ.get("CUDA_VISIBLE_DEVICES"))
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus)
+        return torchrun(module, nproc_per_node, timeout=timeout, env=env, **opts)
 
     with ThreadPoolExecutor(nnodes) as pool:
         return list(pool.map(node, range(nnodes)))

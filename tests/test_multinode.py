@@ -89,3 +89,13 @@ def test_run_and_stop_times_out_when_the_line_never_appears(counting_module):
     with pytest.raises(TimeoutError, match="torchrun did not finish within 6 s"):
         multinode.run_and_stop(counting_module, [], stop_when="never printed", timeout=6)
     assert_none_left(counting_module)
+
+
+def test_each_simulated_node_sees_only_its_own_gpus():
+    from ddp_tutorial.multinode import node_visible_devices as see
+    assert [see(k, 2, 2, cuda_devices=4) for k in range(2)] == ["0,1", "2,3"]
+    assert [see(k, 2, 2, cuda_devices=8) for k in range(2)] == ["0,1", "2,3"]
+    # too few GPUs for 2 nodes x 2 ranks: hide them all, every node uses gloo on the CPU
+    assert [see(k, 2, 2, cuda_devices=n) for n in (0, 1, 3) for k in range(2)] == [""] * 6
+    # the caller already restricted the GPUs: indices count inside that list
+    assert [see(k, 2, 2, cuda_devices=4, visible="4,5,6,7") for k in range(2)] == ["4,5", "6,7"]
