@@ -143,3 +143,8 @@ def watched(rank: int, world_size: int) -> bool:
     from ddp_tutorial.launch import watched_live
 
     return watched_live()
+
+
+def no_collective(rank: int, world_size: int) -> str | None:
+    """Returns at once, without a collective: its teardown must not break a slower peer's init."""
+    return os.environ.get("TORCH_DIST_INIT_BARRIER")

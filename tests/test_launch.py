@@ -414,3 +414,11 @@ def test_an_init_failure_is_reported_with_its_rank_and_cause():
     # both ranks fail the same way; either may be named
     with pytest.raises(WorkerError, match=r"rank [01] failed: \w+: Unknown backend type no_such_backend"):
         spawn(w.identify, 2, backend="no_such_backend", timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_a_quick_rank_never_tears_down_a_peer_still_in_init():
+    # Seen in lesson 11: a rank through gloo's init ran a worker with no collective and
+    # destroyed the group while its peer was still connecting ("Connection closed by peer").
+    for _ in range(15):
+        assert spawn(w.no_collective, 4, timeout=60) == [None] * 4  # the caller's environment, unchanged

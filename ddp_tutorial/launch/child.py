@@ -92,8 +92,19 @@ def run_rank(spec: LaunchSpec, rank: int, env: dict, out_path: str, conn: Connec
 
             chosen = spec.backend or choose_backend(local_world_size=spec.world_size)
             set_device_for(rank, chosen)
-            dist.init_process_group(chosen, rank=rank, world_size=spec.world_size,
-                                    timeout=timedelta(seconds=spec.timeout))
+            # A rank through init can finish a quick worker and tear the group down while a
+            # peer is still connecting (gloo: "Connection closed by peer"). torch's barrier
+            # after init (a counter in the store) lets every rank leave init together.
+            caller_choice = os.environ.get("TORCH_DIST_INIT_BARRIER")
+            os.environ["TORCH_DIST_INIT_BARRIER"] = "1"
+            try:
+                dist.init_process_group(chosen, rank=rank, world_size=spec.world_size,
+                                        timeout=timedelta(seconds=spec.timeout))
+            finally:  # the worker sees the caller's environment
+                if caller_choice is None:
+                    del os.environ["TORCH_DIST_INIT_BARRIER"]
+                else:
+                    os.environ["TORCH_DIST_INIT_BARRIER"] = caller_choice
         stage = "run"
         result = spec.fn(rank, spec.world_size, *spec.args)
     except BaseException as exc:  # report everything, even SystemExit, to the parent
