@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 from ddp_tutorial.checkpoint import CheckpointError, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from ddp_tutorial.data import DATASETS, DataError, load_dataset, make_loaders
 from ddp_tutorial.env import NotLaunchedError, distributed, local_rank, rank_info
+from ddp_tutorial.launch import watched_live
 from ddp_tutorial.models import TRAIN_MODELS, build_model
 from ddp_tutorial.multinode import exit_on_sigterm
 from ddp_tutorial.reproducibility import deterministic_for, seed_everything
@@ -151,12 +152,14 @@ def _maybe_fail(config: TrainConfig, step: int, rank: int, world_size: int, atte
         os._exit(FAILURE_EXIT_CODE)  # like a killed process: no clean-up, no exception to catch
 
 
-def _progress(loader: DataLoader, rank: int, desc: str):
+def progress(loader: DataLoader, rank: int, desc: str):
     if rank != 0:
         return loader
     from tqdm.auto import tqdm
 
-    return tqdm(loader, desc=desc, leave=False, disable=None)  # None: only on a terminal
+    # None: only on a terminal; False: spawn shows this rank live (Jupyter, a terminal),
+    # and leaves the bar (leave=False clears it) out of the cell's final output.
+    return tqdm(loader, desc=desc, leave=False, disable=False if watched_live() else None)
 
 
 def train(rank: int, world_size: int, config: TrainConfig) -> dict:
@@ -190,7 +193,7 @@ def _fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, 
         setup.ddp.train()
         running = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples
         start = time.perf_counter()
-        for x, y in _progress(setup.train_loader, rank, f"epoch {epoch + 1}"):
+        for x, y in progress(setup.train_loader, rank, f"epoch {epoch + 1}"):
             step += 1
             _maybe_fail(config, step, rank, world_size, attempt)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)

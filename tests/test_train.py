@@ -354,3 +354,15 @@ def test_deterministic_flag_on_the_command_line():
     assert parse([]).deterministic is None and TrainConfig().deterministic is None
     assert parse(["--deterministic"]).deterministic is True
     assert parse(["--no-deterministic"]).deterministic is False
+
+
+def test_rank_0_shows_a_progress_bar_where_spawn_shows_it_live(monkeypatch):
+    from ddp_tutorial.launch import spec
+    from ddp_tutorial.train import progress
+
+    monkeypatch.setenv(spec.LIVE_ENV, "1")  # what spawn sets in a rank whose output is watched
+    bar = progress([1, 2, 3], 0, "epoch 1")
+    assert not bar.disable and list(bar) == [1, 2, 3]
+    assert progress([1, 2], 1, "epoch 1") == [1, 2]  # other ranks: no bar
+    monkeypatch.delenv(spec.LIVE_ENV)
+    assert progress([1], 0, "epoch 1").disable  # nbval, pytest, a pipe: nobody sees it move
