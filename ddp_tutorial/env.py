@@ -24,7 +24,7 @@ from typing import Iterator, Mapping, TextIO
 import torch
 import torch.distributed as dist
 
-__all__ = ["cuda_device_count", "choose_backend", "serves_cuda", "choose_device", "set_device_for", "RankInfo",
+__all__ = ["cuda_device_count", "choose_backend", "serves_cuda", "choose_device", "set_device_for", "bound_device", "RankInfo",
            "NotLaunchedError", "rank_info", "local_rank", "rank_device", "launched_by_torchrun", "whole_lines",
            "distributed"]
 
@@ -75,6 +75,15 @@ def set_device_for(local_rank: int, backend: str) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+def bound_device(device: torch.device) -> torch.device | None:
+    """``init_process_group(device_id=...)`` for a rank computing on ``device``: its GPU, else None.
+
+    Bound to its GPU, an NCCL group knows the device up front: ``barrier()`` need not
+    guess it (and warn), and no rank touches another's GPU.
+    """
+    return device if device.type == "cuda" else None
 
 
 class NotLaunchedError(RuntimeError):
@@ -197,7 +206,8 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
     limit = timedelta(seconds=timeout)
     if not launched_by_torchrun(environ):
         # One process: a world of one on an in-memory store, no port needed.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=bound_device(device))
     elif info.restart_count > 0:
         # torchrun keeps one store for the whole job. After a restart, ranks could
         # read the addresses the dead ranks published and fail to connect, so each
@@ -205,9 +215,10 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
         env = os.environ if environ is None else environ
         store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=limit)
         dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{info.restart_count}/", store),
-                                rank=info.rank, world_size=info.world_size, timeout=limit)
+                                rank=info.rank, world_size=info.world_size, timeout=limit,
+                                device_id=bound_device(device))
     else:
-        dist.init_process_group(backend, timeout=limit)
+        dist.init_process_group(backend, timeout=limit, device_id=bound_device(device))
     try:
         yield info, device
     finally:

@@ -251,3 +251,11 @@ def test_distributed_makes_the_given_device_current_and_yields_it(monkeypatch):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_a_gpu_rank_binds_its_group_to_its_own_gpu():
+    from ddp_tutorial.env import bound_device
+    # 4 GPUs, nccl: local rank 3 binds cuda:3; gloo on the CPU binds nothing
+    assert bound_device(choose_device(3, "nccl", cuda_devices=4)) == torch.device("cuda", 3)
+    assert bound_device(choose_device(0, "gloo", cuda_devices=4)) is None
+    assert bound_device(torch.device("cpu")) is None

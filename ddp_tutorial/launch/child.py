@@ -88,10 +88,10 @@ def run_rank(spec: LaunchSpec, rank: int, env: dict, out_path: str, conn: Connec
     stage = "init"
     try:
         if spec.init_process_group:
-            from ddp_tutorial.env import choose_backend, set_device_for
+            from ddp_tutorial.env import bound_device, choose_backend, set_device_for
 
             chosen = spec.backend or choose_backend(local_world_size=spec.world_size)
-            set_device_for(rank, chosen)
+            device = set_device_for(rank, chosen)
             # A rank through init can finish a quick worker and tear the group down while a
             # peer is still connecting (gloo: "Connection closed by peer"). torch's barrier
             # after init (a counter in the store) lets every rank leave init together.
@@ -99,7 +99,8 @@ def run_rank(spec: LaunchSpec, rank: int, env: dict, out_path: str, conn: Connec
             os.environ["TORCH_DIST_INIT_BARRIER"] = "1"
             try:
                 dist.init_process_group(chosen, rank=rank, world_size=spec.world_size,
-                                        timeout=timedelta(seconds=spec.timeout))
+                                        timeout=timedelta(seconds=spec.timeout),
+                                        device_id=bound_device(device))
             finally:  # the worker sees the caller's environment
                 if caller_choice is None:
                     del os.environ["TORCH_DIST_INIT_BARRIER"]
