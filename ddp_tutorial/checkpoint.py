@@ -21,8 +21,9 @@ import tempfile
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "capture_rng", "restore_rng",
+__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "agree_to_resume", "capture_rng", "restore_rng",
            "same_weights"]
 
 
@@ -63,6 +64,25 @@ def _remove_stale(path: str, keep: str) -> None:
                 os.unlink(os.path.join(directory, entry))
             except FileNotFoundError:
                 pass
+
+
+def agree_to_resume(path: str | None) -> bool:
+    """Whether to resume from ``path``: rank 0 decides and tells every rank (call it on all).
+
+    If each rank asked ``os.path.exists`` itself, nodes without shared storage would
+    disagree: some resume at epoch 5, some start at 0, and the first collective hangs.
+    A rank that cannot see the file rank 0 resumes from fails at once, saying why.
+    """
+    found = bool(path) and os.path.exists(path)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return found
+    decision = [found]
+    dist.broadcast_object_list(decision, src=0)
+    if decision[0] and not found:
+        raise CheckpointError(
+            f"rank {dist.get_rank()} cannot see {path}, which rank 0 resumes from: checkpoints "
+            "need storage that every node sees (a shared file system), or a copy on each node")
+    return bool(decision[0])
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu",

@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from ddp_tutorial.checkpoint import CheckpointError, capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from ddp_tutorial.checkpoint import CheckpointError, agree_to_resume, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from ddp_tutorial.data import DATASETS, DataError, load_dataset, make_loaders
 from ddp_tutorial.env import NotLaunchedError, distributed, local_rank, rank_info
 from ddp_tutorial.launch import watched_live
@@ -105,7 +105,7 @@ def build(config: TrainConfig, rank: int, world_size: int, device: torch.device)
                                              workers=config.workers, pin_memory=device.type == "cuda")
     model = build_model(model_name, spec.in_channels, spec.num_classes).to(device)
     state = None
-    if config.resume and config.checkpoint and os.path.exists(config.checkpoint):
+    if config.resume and agree_to_resume(config.checkpoint):  # rank 0's answer, on every rank
         state = load_checkpoint(config.checkpoint, map_location=device,
                                 expect={"model_name": model_name, "dataset": config.dataset})
         try:

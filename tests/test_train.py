@@ -366,3 +366,14 @@ def test_rank_0_shows_a_progress_bar_where_spawn_shows_it_live(monkeypatch):
     assert progress([1, 2], 1, "epoch 1") == [1, 2]  # other ranks: no bar
     monkeypatch.delenv(spec.LIVE_ENV)
     assert progress([1], 0, "epoch 1").disable  # nbval, pytest, a pipe: nobody sees it move
+
+
+@pytest.mark.timeout(120)
+def test_ranks_follow_rank_0s_resume_decision(tmp_path):
+    tw = train_workers
+    # Only rank 0's node has the file: the others must not silently start from scratch.
+    got = spawn(tw.resume_without_shared_storage, 3, args=(str(tmp_path / "a"), 0), timeout=60)
+    assert got[0] is True
+    assert all("cannot see" in g and "shared file system" in g and f"rank {r}" in g for r, g in enumerate(got) if r)
+    # Only rank 1's node has one: rank 0 decides to start over, and so does everyone.
+    assert spawn(tw.resume_without_shared_storage, 2, args=(str(tmp_path / "b"), 1), timeout=60) == [False, False]

@@ -44,3 +44,17 @@ def cifar10_download(rank: int, world_size: int, data_dir: str, fail: bool) -> t
         return None, calls
     finally:
         datasets.CIFAR10 = original
+
+
+def resume_without_shared_storage(rank: int, world_size: int, folder: str, on_rank: int) -> object:
+    """Each rank looks in its own "node-local" folder; only ``on_rank`` has a checkpoint there."""
+    from ddp_tutorial.checkpoint import CheckpointError, agree_to_resume
+
+    path = os.path.join(folder, f"node{rank}", "run.pt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if rank == on_rank:
+        open(path, "wb").close()
+    try:
+        return agree_to_resume(path)
+    except CheckpointError as exc:
+        return str(exc)
