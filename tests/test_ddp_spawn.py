@@ -11,7 +11,7 @@ import torch
 
 from ddp_tutorial import ddp_spawn as d
 from ddp_tutorial.env import choose_backend
-from ddp_tutorial.hangs import expect
+from ddp_tutorial.pitfalls.hangs import expect
 from ddp_tutorial.launch import WorkerError, spawn
 
 pytestmark = pytest.mark.timeout(120)

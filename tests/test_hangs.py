@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_tutorial.hangs import DEMOS, HANG_CHECKLIST, expect
+from ddp_tutorial.pitfalls.hangs import DEMOS, HANG_CHECKLIST, expect
 
 
 @pytest.mark.parametrize("demo", DEMOS)

@@ -9,13 +9,11 @@ import time
 import pytest
 import torch
 
-from ddp_tutorial import checkpoint_pitfalls as cp
-from ddp_tutorial import launcher_pitfalls as L
-from ddp_tutorial import pitfalls as P
-from ddp_tutorial import strays
 from ddp_tutorial.ddp_spawn import sampler_orders
 from ddp_tutorial.env import choose_backend, cuda_device_count
-from ddp_tutorial.hangs import expect
+from ddp_tutorial.pitfalls import checkpoints, collectives, launchers, outcome, strays
+from ddp_tutorial.pitfalls.__main__ import main as pitfalls_main
+from ddp_tutorial.pitfalls.hangs import expect
 from ddp_tutorial.launch import torchrun
 from ddp_tutorial.models import ToyModel
 
@@ -36,12 +34,12 @@ def no_process_left():
 
 @pytest.mark.timeout(60)
 def test_extra_collective_crashes_plain_and_is_named_with_detail():
-    plain = P.outcome(P.extra_collective, 2, timeout=30)
+    plain = outcome(collectives.extra_collective, 2, timeout=30)
     expected = _expected("extra_collective")
     assert expected.runs_on == "gloo"  # on every machine: NCCL would hang until its watchdog aborts
     assert plain.kind == expected.kind and expected.says in plain.message and plain.seconds < 30
     assert any("collective mismatch" in line for line in plain.log_lines("what"))
-    detail = P.outcome(P.extra_collective, 2, ("DETAIL",), timeout=30)
+    detail = outcome(collectives.extra_collective, 2, ("DETAIL",), timeout=30)
     assert detail.kind == _expected("extra_collective_detail").kind
     for message in detail.results:
         assert _expected("extra_collective_detail").says in message
@@ -50,20 +48,20 @@ def test_extra_collective_crashes_plain_and_is_named_with_detail():
 
 @pytest.mark.timeout(60)
 def test_monitored_barrier_names_the_stuck_rank():
-    stuck = P.outcome(P.skips_barrier, 2, (1, 1.0), timeout=30)
+    stuck = outcome(collectives.skips_barrier, 2, (1, 1.0), timeout=30)
     assert stuck.kind == _expected("skips_barrier").kind and stuck.ranks == (0,)
     assert "Rank 1 " + _expected("skips_barrier").says in stuck.message
     assert stuck.seconds < 15
-    assert P.outcome(P.skips_barrier, 2, (None, 1.0), timeout=30).results == ["passed", "passed"]
+    assert outcome(collectives.skips_barrier, 2, (None, 1.0), timeout=30).results == ["passed", "passed"]
 
 
 @pytest.mark.timeout(60)
 def test_wrong_world_size_times_out_in_init_and_environment_fixes_it():
-    wrong = P.outcome(P.joins, 2, (3, 1.0), timeout=30)
+    wrong = outcome(collectives.joins, 2, (3, 1.0), timeout=30)
     assert wrong.kind == _expected("joins").kind and wrong.seconds < 15
     assert all(_expected("joins").says in r for r in wrong.results)
     assert all(r.startswith("DistStoreError: wait timeout after 1000ms") for r in wrong.results)
-    assert P.outcome(P.joins, 2, (None, 30.0), timeout=60).results == [2, 2]
+    assert outcome(collectives.joins, 2, (None, 30.0), timeout=60).results == [2, 2]
 
 
 def _reference_join_weights(last_divisor: float = 2, steps: int = 4) -> float:
@@ -83,11 +81,11 @@ def _reference_join_weights(last_divisor: float = 2, steps: int = 4) -> float:
 
 @pytest.mark.timeout(120)
 def test_uneven_inputs_hang_without_join_and_agree_with_join():
-    hung = P.outcome(P.uneven_inputs, 2, (False, 1.0), timeout=60)
+    hung = outcome(collectives.uneven_inputs, 2, (False, 1.0), timeout=60)
     assert _expected("uneven_inputs").runs_on == "gloo"  # NCCL's watchdog would abort instead of raising
     assert hung.results == [(3, "stuck in the barrier after its 3 batches"),
                             (3, "stuck in the gradient all-reduce of batch 4")]
-    joined = P.outcome(P.uneven_inputs, 2, (True,), timeout=60)
+    joined = outcome(collectives.uneven_inputs, 2, (True,), timeout=60)
     (steps0, w0), (steps1, w1) = joined.results
     assert (steps0, steps1) == (3, 4) and w0 == w1
     # The demo returns only the weights' sum, printed to 4 decimals (lesson 11 shows that string
@@ -109,32 +107,32 @@ def test_set_epoch_reshuffles_and_ranks_partition_each_epoch():
 
 
 def test_busy_port_and_port_zero():
-    assert "EADDRINUSE" in L.store_on_busy_port()
-    assert L.store_on_port_zero() is True
+    assert "EADDRINUSE" in launchers.store_on_busy_port()
+    assert launchers.store_on_port_zero() is True
 
 
 @pytest.mark.timeout(60)
 def test_local_rank_argument_versus_environment():
-    old = P.outcome(L.local_rank_as_launched, 2, ([],), timeout=30)
+    old = outcome(launchers.local_rank_as_launched, 2, ([],), timeout=30)
     assert old.kind == "ok"
     lines = old.log_lines("gives")
     assert "--local_rank gives 0, LOCAL_RANK gives 0, resolve_local_rank gives 0" in lines[0]
     assert "--local_rank gives 0, LOCAL_RANK gives 1, resolve_local_rank gives 1" in lines[1]
-    new_spelling = P.outcome(L.local_rank_as_launched, 2, (["--local-rank=1"],), timeout=30)
+    new_spelling = outcome(launchers.local_rank_as_launched, 2, (["--local-rank=1"],), timeout=30)
     assert new_spelling.kind == "error" and "SystemExit" in new_spelling.message
     assert new_spelling.log_lines("unrecognized arguments: --local-rank=1")
 
 
 @pytest.mark.timeout(120)
 def test_local_rank_module_under_real_torchrun():
-    output = torchrun("ddp_tutorial.launcher_pitfalls", nproc_per_node=2, timeout=100).output
+    output = torchrun("ddp_tutorial.pitfalls.launchers", nproc_per_node=2, timeout=100).output
     lines = sorted(line.split(" -> ")[0] for line in output.splitlines() if "gives" in line)
     assert lines == [f"rank {r}: --local_rank gives 0, LOCAL_RANK gives {r}, resolve_local_rank gives {r}"
                      for r in (0, 1)]
 
 
 def test_pitfalls_checklist_command(capsys):
-    assert P.main(["checklist"]) == 0
+    assert pitfalls_main(["checklist"]) == 0
     out = capsys.readouterr().out
     numbers = [int(m) for m in re.findall(r"^ ?(\d+)\. ", out, flags=re.MULTILINE)]
     assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 8
@@ -145,29 +143,40 @@ def test_pitfalls_checklist_command(capsys):
     assert callable(getattr(torch.distributed, "monitored_barrier", None))  # the API it names exists
 
 
+def test_pitfalls_command_runs_the_named_demos_in_order_and_refuses_unknown_names(capsys):
+    assert pitfalls_main(["ports", "set_epoch"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("port already in use: ") and "EADDRINUSE" in lines[0]
+    assert lines[1] == "port 0 instead: free port found = True"
+    assert [line.split(":")[0] for line in lines[2:]] == ["set_epoch=False", "set_epoch=True"]
+    with pytest.raises(SystemExit) as refused:
+        pitfalls_main(["nope"])
+    assert refused.value.code == 2 and "unknown demo nope" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(60)
 def test_checkpoint_pitfalls(tmp_path):
     path = str(tmp_path / "ckpt.pt")
-    torn = P.outcome(cp.every_rank_saves, 2, (path,), timeout=30).results
+    torn = outcome(checkpoints.every_rank_saves, 2, (path,), timeout=30).results
     assert torn[0].startswith("RuntimeError: PytorchStreamReader failed")
     assert torn[1] == "loaded version 1"
-    atomic = P.outcome(cp.rank0_saves_atomically, 2, (path,), timeout=30).results
+    atomic = outcome(checkpoints.rank0_saves_atomically, 2, (path,), timeout=30).results
     assert atomic[1] == "during the save: loaded version 1; after the barrier: loaded version 2"
     assert atomic[0].endswith("after the barrier: loaded version 2")
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
-    no_map = P.outcome(cp.load_gpu_checkpoint, 2, (path, False), timeout=30).results
-    if cp.unmapped_load_lands_on(cuda_device_count()) == "error":  # no CUDA: torch refuses
+    no_map = outcome(checkpoints.load_gpu_checkpoint, 2, (path, False), timeout=30).results
+    if checkpoints.unmapped_load_lands_on(cuda_device_count()) == "error":  # no CUDA: torch refuses
         assert all("CUDA device" in r for r in no_map)
     else:  # every rank's copy lands on GPU 0; rank 1's own device is elsewhere (cuda:1 or the CPU)
         assert all(r.startswith("loaded on cuda:0: ") for r in no_map)
         assert no_map[1].endswith(")") and "not its own device" in no_map[1]
-    mapped = P.outcome(cp.load_gpu_checkpoint, 2, (path, True), timeout=30).results
+    mapped = outcome(checkpoints.load_gpu_checkpoint, 2, (path, True), timeout=30).results
     assert all(r.endswith(": its own device") for r in mapped)  # map_location=device, whatever it is
 
 
 @pytest.mark.parametrize("cuda_devices, lands_on", [(0, "error"), (1, "cuda:0"), (8, "cuda:0")])
 def test_without_map_location_a_gpu_checkpoint_goes_back_to_gpu_0(cuda_devices, lands_on):
-    assert cp.unmapped_load_lands_on(cuda_devices) == lands_on
+    assert checkpoints.unmapped_load_lands_on(cuda_devices) == lands_on
 
 
 @pytest.mark.timeout(60)

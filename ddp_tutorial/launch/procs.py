@@ -1,4 +1,4 @@
-"""Processes: which live one started which, and stopping a group of them (both launchers, ``strays``).
+"""Processes: which live one started which, and stopping a group of them (both launchers, ``pitfalls.strays``).
 
 The tree is read from ``/proc`` on Linux, from ``ps`` elsewhere; empty if neither works.
 """

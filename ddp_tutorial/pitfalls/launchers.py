@@ -5,9 +5,9 @@ Used by ``11_debugging_and_pitfalls`` (the fix for the second is
 is written the old way on purpose: it reads ``--local_rank``, the argument the
 deprecated ``torch.distributed.launch`` passed, and reports what each rank sees:
 
-    torchrun --nproc-per-node=2 -m ddp_tutorial.launcher_pitfalls                    # LOCAL_RANK only
-    torchrun --nproc-per-node=2 -m ddp_tutorial.launcher_pitfalls --local-rank=1     # new spelling: refused
-    python -m torch.distributed.launch --nproc-per-node=2 --master-port=$PORT -m ddp_tutorial.launcher_pitfalls
+    torchrun --nproc-per-node=2 -m ddp_tutorial.pitfalls.launchers                    # LOCAL_RANK only
+    torchrun --nproc-per-node=2 -m ddp_tutorial.pitfalls.launchers --local-rank=1     # new spelling: refused
+    python -m torch.distributed.launch --nproc-per-node=2 --master-port=$PORT -m ddp_tutorial.pitfalls.launchers
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ddp_tutorial.env import choose_backend, choose_device, rank_info
 from ddp_tutorial.launch import LOCALHOST
-from ddp_tutorial.pitfalls import clean_message
+from ddp_tutorial.pitfalls.harness import clean_message
 
 __all__ = ["store_on_busy_port", "store_on_port_zero", "local_rank_report", "local_rank_as_launched", "main"]
 
@@ -67,7 +67,7 @@ def local_rank_as_launched(rank: int, world_size: int, argv: Sequence[str]) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.launcher_pitfalls", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.pitfalls.launchers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     # Written the old way on purpose: torch.distributed.launch passed --local_rank=N
     # (--local-rank=N since torch 2.0); torchrun passes nothing and sets LOCAL_RANK.

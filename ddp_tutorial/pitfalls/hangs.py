@@ -1,6 +1,6 @@
 """Hangs: what gloo and NCCL do when ranks disagree, and a checklist for when a job hangs.
 
-Used by ``11_debugging_and_pitfalls`` (through ``pitfalls``) and ``06_ddp_spawn``.
+Used by ``11_debugging_and_pitfalls`` (through ``pitfalls.collectives``) and ``06_ddp_spawn``.
 
 gloo, the CPU backend, checks what it receives and raises on a timeout, so a
 mistake becomes a Python error on some rank. NCCL, built for GPUs, runs

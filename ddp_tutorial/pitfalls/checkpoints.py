@@ -1,18 +1,17 @@
 """Checkpoint pitfalls, reproduced for real: every rank writing one file, loading without ``map_location``.
 
-Used by ``11_debugging_and_pitfalls`` (through ``pitfalls.outcome``). The right
+Used by ``11_debugging_and_pitfalls`` (through ``harness.outcome``). The right
 way is ``ddp_tutorial.checkpoint.save_checkpoint`` (rank 0, atomic) and
 ``torch.load(..., map_location=device, weights_only=True)``; these workers show
 what goes wrong without it. A write that pauses half way (``PausingWriter``)
 makes the unlucky moment happen every time instead of once a month.
 
-    python -m ddp_tutorial.checkpoint_pitfalls     # runs the four demos
+    python -m ddp_tutorial.pitfalls checkpoints     # the four demos
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from typing import Callable
 
@@ -42,6 +41,11 @@ class PausingWriter:
 
     def flush(self) -> None:
         self._file.flush()
+
+    def fsync(self) -> None:
+        """Flush, and have the OS put the bytes on disk: before a rename makes the file the checkpoint."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         self._file.close()
@@ -105,8 +109,7 @@ def rank0_saves_atomically(rank: int, world_size: int, path: str) -> str:
             os.close(fd)
             f = PausingWriter(tmp, pause)
             torch.save(_state(2), f)
-            f.flush()
-            os.fsync(f._file.fileno())
+            f.fsync()
             f.close()
             os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half
         else:
@@ -154,21 +157,3 @@ def load_gpu_checkpoint(rank: int, world_size: int, path: str, use_map_location:
             return f"RuntimeError: {str(exc).split('. ')[0]}"
         mine = "its own device" if weight.device == device else f"not its own device ({device})"
         return f"loaded on {weight.device}: {mine}"
-
-
-def main() -> int:
-    # Under ``python -m`` this file is __main__; workers must come from the importable module.
-    from ddp_tutorial import checkpoint_pitfalls as m
-    from ddp_tutorial.pitfalls import outcome
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "checkpoint.pt")
-        print("every rank saves:", outcome(m.every_rank_saves, 2, (path,)))
-        print("rank 0 saves atomically:", outcome(m.rank0_saves_atomically, 2, (path,)))
-        print("load without map_location:", outcome(m.load_gpu_checkpoint, 2, (path, False)))
-        print("load with map_location:", outcome(m.load_gpu_checkpoint, 2, (path, True)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

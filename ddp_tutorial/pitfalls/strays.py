@@ -11,7 +11,7 @@ Finding ranks by session works for this launcher, not for torchrun, which starts
 each worker in a session of its own: find torchrun's orphans by port, or by the
 ``TORCHELASTIC_RUN_ID`` torchrun puts in every worker's environment.
 
-    python -m ddp_tutorial.strays
+    python -m ddp_tutorial.pitfalls strays
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from ddp_tutorial.launch.procs import children_by_parent
 
 __all__ = ["CrashedJob", "crash_a_job", "alive", "processes_in_session", "descendants", "listeners", "port_in_use",
-           "end_processes", "main_module_target", "run_all"]
+           "end_processes", "main_module_target"]
 
 _RANK = """
 import socket, sys, time
@@ -234,20 +234,3 @@ def main_module_target(timeout: float = 60.0) -> list[str]:
     said = run.stdout.splitlines()
     said += [line for line in run.stderr.splitlines() if line.startswith("AttributeError")]
     return said
-
-
-def run_all() -> None:
-    """The demos of this module, as ``python -m ddp_tutorial.pitfalls`` prints them."""
-    job = crash_a_job()
-    print(f"launcher killed; its ranks still alive: {[alive(p) for p in job.rank_pids]}, "
-          f"their ports still taken: {[port_in_use(p) for p in job.ports]}")
-    found = processes_in_session(job.session)
-    print(f"found by session id: {len(found)} processes, the ranks: {found == job.rank_pids}")
-    print(f"left after end_processes: {end_processes(found)}; "
-          f"ports free again: {[not port_in_use(p) for p in job.ports]}")
-    for line in main_module_target():
-        print(line)
-
-
-if __name__ == "__main__":
-    run_all()
