@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ddp_tutorial.bench.common import timed
+from ddp_tutorial.timing import timed
 
 
 class Broadcast(torch.autograd.Function):
@@ -52,6 +52,9 @@ def scatter(batch: torch.Tensor, devices: Sequence[torch.device]) -> list[torch.
 
 
 def _shallow_copy(module: nn.Module) -> nn.Module:
+    # nn.Module keeps its parameters, buffers and children in the dicts _parameters, _buffers and
+    # _modules, and no public API builds a module around given tensors: torch's own replicate
+    # (torch/nn/parallel/replicate.py) copies modules this way too.
     replica = module.__new__(type(module))
     replica.__dict__ = module.__dict__.copy()
     replica._parameters = {}  # the copies become plain attributes: they are not leaves any more
@@ -80,6 +83,7 @@ def replicate(module: nn.Module, devices: Sequence[torch.device]) -> list[nn.Mod
         twin = {id(m): _shallow_copy(m) for m in originals}
         for m in originals:
             r = twin[id(m)]
+            # nn.Module's own dicts, filled as torch's replicate does: no public API sets them
             for name, p in m._parameters.items():
                 setattr(r, name, None if p is None else copies[id(p)][i])
             for name, b in m._buffers.items():
@@ -166,10 +170,6 @@ class MiniDataParallel(nn.Module):
 # ----------------------------------------------------------------- what it costs
 
 
-def _best_of(fn, repeat: int) -> float:
-    return timed(fn, repeat=repeat, warmup=1)
-
-
 def phase_seconds(module: nn.Module, batch: torch.Tensor, devices: Sequence[torch.device | str],
                   repeat: int = 5) -> dict[str, float]:
     """Best time of each step of ``MiniDataParallel`` over ``repeat`` training iterations (forward + backward)."""
@@ -199,7 +199,7 @@ def phase_seconds(module: nn.Module, batch: torch.Tensor, devices: Sequence[torc
 
 def replicate_seconds(module: nn.Module, num_replicas: int = 2, repeat: int = 5) -> float:
     """Time to copy ``module`` to ``num_replicas`` devices: DataParallel pays it on every forward."""
-    return _best_of(lambda: replicate(module, ["cpu"] * num_replicas), repeat)
+    return timed(lambda: replicate(module, ["cpu"] * num_replicas), repeat)
 
 
 def thread_speedup(module: nn.Module, batch: torch.Tensor, num_replicas: int = 2, repeat: int = 5) -> float:
@@ -215,8 +215,8 @@ def thread_speedup(module: nn.Module, batch: torch.Tensor, num_replicas: int = 2
     torch.set_num_threads(1)  # let the threads, not torch's own intra-op pool, do the parallel work
     try:
         with torch.no_grad():
-            one_by_one = _best_of(lambda: [r(x) for r, x in zip(replicas, inputs)], repeat)
-            threaded = _best_of(lambda: parallel_apply(replicas, inputs), repeat)
+            one_by_one = timed(lambda: [r(x) for r, x in zip(replicas, inputs)], repeat)
+            threaded = timed(lambda: parallel_apply(replicas, inputs), repeat)
     finally:
         torch.set_num_threads(previous)
     return one_by_one / threaded

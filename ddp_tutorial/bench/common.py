@@ -1,10 +1,11 @@
-"""What every benchmark shares: the result record, a table printer and a timer."""
+"""What every benchmark shares: the result record, a table printer, and the course's timer (``timing``)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
+
+from ddp_tutorial.timing import timed  # noqa: F401  (the benchmarks' timer is the lessons' one)
 
 
 @dataclass
@@ -36,15 +37,3 @@ def format_table(columns: list[str], rows: list[dict[str, Any]]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
     return "\n".join(lines)
-
-
-def timed(fn: Callable[[], Any], repeat: int = 5, warmup: int = 1) -> float:
-    """Best wall time of ``repeat`` calls after ``warmup`` calls (the least noisy on a busy machine)."""
-    for _ in range(warmup):
-        fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
