@@ -29,8 +29,8 @@ from torch.distributed import ReduceOp
 
 from ddp_tutorial.env import distributed, rank_device
 
-__all__ = ["ring_all_reduce", "segment_bounds", "ring_trace", "compare_with_dist", "SUPPORTED_OPS",
-           "PIECE_BYTES", "DEPTH"]
+__all__ = ["ring_all_reduce", "ring_all_reduce_flat", "segment_bounds", "ring_trace", "compare_with_dist",
+           "SUPPORTED_OPS", "PIECE_BYTES", "DEPTH"]
 
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
 # Big enough that per-message overhead is small, small enough to pipeline a 16 MB tensor.
@@ -90,13 +90,18 @@ def ring_all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None) -> torch.
     than ranks), any dtype, ops SUM, PRODUCT, MIN, MAX and AVG (``05_ring_all_reduce``).
     """
     _check(tensor, op)
-    _ring(tensor.view(-1), op, group)
+    ring_all_reduce_flat(tensor.view(-1), op, group)
     return tensor
 
 
-def _ring(flat: torch.Tensor, op, group, piece_bytes: int = PIECE_BYTES, depth: int = DEPTH,
-          snapshot: Callable[[int], None] | None = None) -> None:
-    """The algorithm. ``snapshot(step)`` (teaching only) is called after each step, in lock-step."""
+def ring_all_reduce_flat(flat: torch.Tensor, op: ReduceOp, group: dist.ProcessGroup | None,
+                         piece_bytes: int = PIECE_BYTES, depth: int = DEPTH,
+                         snapshot: Callable[[int], None] | None = None) -> None:
+    """The algorithm, in place on a 1-D contiguous tensor, without ``ring_all_reduce``'s checks.
+
+    ``piece_bytes`` and ``depth`` tune the pipelining (the benchmark and the tests vary
+    them); ``snapshot(step)`` (teaching only) is called after each step, in lock-step.
+    """
     rank = dist.get_rank(group)
     if rank < 0:  # not a member of ``group``: like dist.all_reduce, nothing to do
         return
@@ -172,7 +177,7 @@ def ring_trace(rank: int, world_size: int, numel: int | None = None) -> list[lis
     numel = world_size if numel is None else numel
     x = torch.full((numel,), float(10 ** rank), dtype=torch.float64, device=rank_device())
     states = [x.tolist()]
-    _ring(x, ReduceOp.SUM, None, snapshot=lambda step: states.append(x.tolist()))
+    ring_all_reduce_flat(x, ReduceOp.SUM, None, snapshot=lambda step: states.append(x.tolist()))
     expected = float(sum(10 ** r for r in range(world_size)))
     assert x.eq(expected).all(), f"rank {rank}: {x.tolist()} != {expected}"
     return states

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from ddp_tutorial.launch import spawn
-from ddp_tutorial.ring import SUPPORTED_OPS, _ring, ring_all_reduce, ring_trace, segment_bounds
+from ddp_tutorial.ring import SUPPORTED_OPS, ring_all_reduce, ring_all_reduce_flat, ring_trace, segment_bounds
 
 NUMELS = [0, 1, 7, 100_003]
 DTYPES = [torch.float32, torch.float64, torch.int64]
@@ -70,7 +70,7 @@ def pipelining_worker(rank: int, world_size: int) -> list[str]:
             for op in (ReduceOp.SUM, ReduceOp.MAX):
                 x = make_input(rank, 1001, dtype, op)
                 expected = reference(x.clone(), op)
-                _ring(x, op, None, piece_bytes=48, depth=depth)
+                ring_all_reduce_flat(x, op, None, piece_bytes=48, depth=depth)
                 if not torch.equal(x, expected):
                     problems.append(f"depth={depth} {dtype} {op.name}")
     return problems
@@ -122,7 +122,7 @@ def complex_worker(rank: int, world_size: int) -> list[str]:
                 expected = x.clone()
                 dist.all_reduce(expected, op)
                 got = x.clone()
-                _ring(got, op, None, piece_bytes=64)
+                ring_all_reduce_flat(got, op, None, piece_bytes=64)
                 if not torch.equal(got, expected):
                     problems.append(f"{dtype} {op.name} {numel}: {got[:3].tolist()} != {expected[:3].tolist()}")
             expected = make_complex_input(0, numel, torch.complex128)
@@ -131,7 +131,7 @@ def complex_worker(rank: int, world_size: int) -> list[str]:
             with pytest.raises(ValueError, match="PRODUCT"):  # the one op the ring adds to gloo's
                 dist.all_reduce(x.clone(), ReduceOp.PRODUCT)
             got = x.clone()
-            _ring(got, ReduceOp.PRODUCT, None, piece_bytes=64)
+            ring_all_reduce_flat(got, ReduceOp.PRODUCT, None, piece_bytes=64)
             if not torch.equal(got, expected.to(dtype)):
                 problems.append(f"{dtype} PRODUCT {numel}: {got[:3].tolist()} != {expected[:3].tolist()}")
             for op in (ReduceOp.MIN, ReduceOp.MAX):  # refused, as by gloo

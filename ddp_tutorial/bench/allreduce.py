@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.launch import spawn
-from ddp_tutorial.ring import _ring, PIECE_BYTES
+from ddp_tutorial.ring import PIECE_BYTES, ring_all_reduce_flat
 
 HELP = "bus bandwidth of ring_all_reduce vs dist.all_reduce, 4 KB..64 MB, 2 and 4 ranks"
 KB, MB = 1 << 10, 1 << 20
@@ -53,7 +53,7 @@ def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
         x = torch.zeros(size // 4, device=on)
         # Small messages: average over several calls, or the timer's resolution dominates.
         calls = max(1, min(max_calls, (4 * MB) // size))
-        impls = {"ring": lambda: _ring(x, dist.ReduceOp.SUM, None, piece_bytes),
+        impls = {"ring": lambda: ring_all_reduce_flat(x, dist.ReduceOp.SUM, None, piece_bytes),
                  "dist": lambda: dist.all_reduce(x)}
         best = {name: float("inf") for name in impls}
         for name, fn in impls.items():  # warm-up: connections, allocator
