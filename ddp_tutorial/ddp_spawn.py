@@ -96,7 +96,9 @@ def regression_data(num_samples: int = 64, seed: int = 0, dtype: torch.dtype = t
     return TensorDataset(x.to(dtype), y.to(dtype))
 
 
-def _train(model: nn.Module, loader: DataLoader, num_epochs: int, lr: float, device: torch.device) -> list[float]:
+def train_epochs(model: nn.Module, loader: DataLoader, num_epochs: int, lr: float,
+                 device: torch.device) -> list[float]:
+    """The loop ``train_ddp`` and ``train_single`` share: SGD over ``num_epochs`` epochs; the losses."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for epoch in range(num_epochs):
@@ -117,7 +119,7 @@ def train_ddp(rank: int, world_size: int, dataset: TensorDataset, batch_size: in
     torch.manual_seed(seed)
     model = wrap(ToyModel().to(dataset.tensors[0].dtype), device)
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
-    losses = _train(model, DataLoader(dataset, batch_size=batch_size, sampler=sampler), num_epochs, lr, device)
+    losses = train_epochs(model, DataLoader(dataset, batch_size=batch_size, sampler=sampler), num_epochs, lr, device)
     return {"losses": losses, "state": {k: v.cpu() for k, v in model.module.state_dict().items()}}
 
 
@@ -128,7 +130,7 @@ def train_single(dataset: TensorDataset, batch_size: int, num_epochs: int, lr: f
     # A one-replica sampler shuffles exactly like DistributedSampler does on N ranks
     # (same seed + epoch); rank r takes every N-th index of that permutation.
     sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=seed)
-    losses = _train(model, DataLoader(dataset, batch_size=batch_size, sampler=sampler), num_epochs, lr,
+    losses = train_epochs(model, DataLoader(dataset, batch_size=batch_size, sampler=sampler), num_epochs, lr,
                     torch.device("cpu"))
     return {"losses": losses, "state": model.state_dict()}
 
@@ -168,7 +170,8 @@ def checkpoint_round_trip(rank: int, world_size: int, path: str, num_steps: int 
 # ----------------------------------------------------------------- accumulation, uneven inputs
 
 
-def _counting_allreduce(state, bucket):  # no annotations: DDP checks them and our future-import makes strings
+def counting_allreduce_hook(state, bucket):  # no annotations: DDP checks them and our future-import makes strings
+    """A DDP communication hook: counts in ``state["all_reduces"]``, then does DDP's default."""
     state["all_reduces"] += 1  # otherwise exactly DDP's default: all-reduce, divide by world_size
     return default_hooks.allreduce_hook(None, bucket)
 
@@ -183,7 +186,7 @@ def accumulate(rank: int, world_size: int, micro_batches: int = 4) -> dict:
         torch.manual_seed(0)
         model = wrap(ToyModel(), device)
         counter = {"all_reduces": 0}
-        model.register_comm_hook(counter, _counting_allreduce)
+        model.register_comm_hook(counter, counting_allreduce_hook)
         for i, x in enumerate(batches):
             last = i == micro_batches - 1
             context = model.no_sync() if use_no_sync and not last else contextlib.nullcontext()
@@ -229,7 +232,7 @@ def uneven_inputs(rank: int, world_size: int, use_join: bool = True, num_batches
 # ----------------------------------------------------------------- the classic mp.spawn recipe
 
 
-def _mp_worker(rank: int, world_size: int, port: int, num_steps: int) -> None:
+def mp_spawn_worker(rank: int, world_size: int, port: int, num_steps: int) -> None:
     """What ``mp.spawn`` runs as ``fn(i, *args)``: the set-up ``launch.spawn`` does for us, written out."""
     # mp.spawn starts every process on this one node, so the global rank is also the local rank.
     os.environ.update(MASTER_ADDR=LOCALHOST, MASTER_PORT=str(port), LOCAL_RANK=str(rank))
@@ -257,7 +260,7 @@ def main() -> None:
                 print(f"{info.world_size} ranks, {dist.get_backend()}: final weights checksum {result['checksum']:.6f}")
         return
     # The port is picked just before the children bind it; launch.spawn avoids even that small race.
-    mp.spawn(_mp_worker, args=(args.world_size, free_port(), args.num_steps), nprocs=args.world_size, join=True)
+    mp.spawn(mp_spawn_worker, args=(args.world_size, free_port(), args.num_steps), nprocs=args.world_size, join=True)
 
 
 if __name__ == "__main__":
