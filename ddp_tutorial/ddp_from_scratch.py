@@ -30,11 +30,11 @@ from torch import nn
 from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.models import DeepMLP, SharedLayerNet, ToyModel
 
-__all__ = ["NaiveDDP", "FlatDDP", "BucketedDDP", "assign_buckets", "make_model", "WRAPPERS",
+__all__ = ["FromScratchDDP", "NaiveDDP", "FlatDDP", "BucketedDDP", "assign_buckets", "make_model", "WRAPPERS",
            "grad_ready_order", "compare_with_torch_ddp"]
 
 
-class _FromScratchDDP(nn.Module):
+class FromScratchDDP(nn.Module):
     """What the three share: the broadcasts, and a callback that runs when backward ends."""
 
     def __init__(self, module: nn.Module, process_group=None, broadcast_buffers: bool = True):
@@ -84,7 +84,7 @@ class _FromScratchDDP(nn.Module):
         raise NotImplementedError
 
 
-class NaiveDDP(_FromScratchDDP):
+class NaiveDDP(FromScratchDDP):
     """One blocking all-reduce per parameter once backward is over: correct, and slow."""
 
     def finish(self) -> None:
@@ -93,7 +93,7 @@ class NaiveDDP(_FromScratchDDP):
             p.grad.div_(self.world_size)
 
 
-class FlatDDP(_FromScratchDDP):
+class FlatDDP(FromScratchDDP):
     """All gradients in one flat tensor, one all-reduce: few calls, but no overlap with backward."""
 
     def finish(self) -> None:
@@ -128,14 +128,15 @@ def assign_buckets(params: list[torch.Tensor], bucket_cap_mb: float = 25.0,
     return buckets
 
 
-class BucketedDDP(_FromScratchDDP):
+class BucketedDDP(FromScratchDDP):
     """Gradients are copied into buckets as they become ready; a full bucket's all-reduce starts at once.
 
     Buckets start in a fixed order on every rank (collectives must match across ranks),
     so a bucket that fills early waits for the ones before it. Like torch DDP, the first
     bucket is capped at ``first_bucket_mb`` (1 MB) so that communication starts early
-    even with a large ``bucket_cap_mb``. With ``record_events`` the last step's events
-    are kept in ``events`` as ``(kind, index, time)`` for a timeline.
+    even with a large ``bucket_cap_mb``. ``flat_buckets`` holds each bucket's flat tensor,
+    the one its all-reduce sends. With ``record_events`` the last step's events are kept
+    in ``events`` as ``(kind, index, time)`` for a timeline.
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, process_group=None,
@@ -145,7 +146,8 @@ class BucketedDDP(_FromScratchDDP):
         self.buckets = assign_buckets(self.params, bucket_cap_mb, first_bucket_mb)
         self.record_events = record_events
         self.events: list[tuple[str, int, float]] = []
-        self._flat, self._views, self._bucket_of = [], {}, {}
+        self.flat_buckets: list[torch.Tensor] = []
+        self._views, self._bucket_of = {}, {}
         for b, indices in enumerate(self.buckets):
             first = self.params[indices[0]]
             flat = torch.zeros(sum(self.params[i].numel() for i in indices), dtype=first.dtype, device=first.device)
@@ -155,7 +157,7 @@ class BucketedDDP(_FromScratchDDP):
                 self._views[i] = flat[offset:offset + n].view_as(self.params[i])
                 self._bucket_of[i] = b
                 offset += n
-            self._flat.append(flat)
+            self.flat_buckets.append(flat)
         self._reset()
 
     def _reset(self) -> None:
@@ -184,7 +186,7 @@ class BucketedDDP(_FromScratchDDP):
         while self._next_bucket < len(self.buckets) and self._missing[self._next_bucket] == 0:
             b = self._next_bucket
             self._event("launch", b)
-            work = dist.all_reduce(self._flat[b], group=self.group, async_op=True)
+            work = dist.all_reduce(self.flat_buckets[b], group=self.group, async_op=True)
             if self.record_events:  # runs on the communication thread when the bucket is reduced
                 work.get_future().then(lambda fut, b=b: self._event("done", b))
             self._works.append(work)

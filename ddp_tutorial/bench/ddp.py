@@ -133,14 +133,14 @@ def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 
         for i in range(comm_repeat + 1):
             dist.barrier()
             start = time.perf_counter()
-            for flat in ddp._flat:
+            for flat in ddp.flat_buckets:
                 dist.all_reduce(flat)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if i:
                 comm = min(comm, time.perf_counter() - start)
         rows.append({"bucket_cap_mb": cap, "buckets": len(ddp.buckets),
-                     "bytes": sum(f.numel() * f.element_size() for f in ddp._flat),
+                     "bytes": sum(f.numel() * f.element_size() for f in ddp.flat_buckets),
                      "step": steps_seen[cap]["best"], "comm": comm})
     del models
     gc.collect()
