@@ -1,0 +1,74 @@
+"""The stored notebooks follow DESIGN.md's notebook rules (checked without running them).
+
+nbval compares what is stored; these checks keep out what would make that comparison
+depend on the machine: torch/Python message text, long floats, paths, and the like.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+TAGS = {"nbval-ignore-output", "nbval-skip", "raises-exception", "nbval-raises-exception"}
+# A float with 6 or more decimals is a fact about the CPU's kernels, not about the lesson.
+LONG_FLOAT = re.compile(r"(?<![\w.])-?\d+\.\d{6,}(?![\d])")
+PATH = re.compile(r"(?<![\w.])/(tmp|home|root|work|usr|opt|var)/")
+DOUBLED = re.compile(r"\[rank (\d+)\] rank \1\b")
+
+
+def code_cells(path: Path):
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] == "code":
+            yield index, cell, set(cell.get("metadata", {}).get("tags", []))
+
+
+def stored_text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out["output_type"] == "stream":
+            parts.append("".join(out["text"]))
+        elif out["output_type"] in ("execute_result", "display_data"):
+            parts.append("".join(out["data"].get("text/plain", "")))
+        elif out["output_type"] == "error":
+            parts.append(out["evalue"])
+    return "".join(parts)
+
+
+def compared(tags: set) -> bool:
+    return not tags & {"nbval-ignore-output", "nbval-skip"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_cell_tags_not_comments(path):
+    for index, cell, tags in code_cells(path):
+        source = "".join(cell["source"])
+        assert "NBVAL_" not in source, f"{path.name} cell {index}: use a cell tag, not a # NBVAL_ comment"
+        assert tags <= TAGS | {"hide-input", "hide-output", "remove-input"}, f"{path.name} cell {index}: {tags}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_executed_and_stored_cleanly(path):
+    for index, cell, tags in code_cells(path):
+        where = f"{path.name} cell {index}"
+        assert cell.get("execution_count") is not None or "nbval-skip" in tags, f"{where} was not executed"
+        for out in cell.get("outputs", []):
+            if out["output_type"] == "stream":
+                assert "".join(out["text"]).strip(), f"{where}: an empty {out['name']} output"
+            if out["output_type"] == "error":
+                assert tags & {"raises-exception", "nbval-raises-exception"}, f"{where} stored an error"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_compared_outputs_do_not_depend_on_the_machine(path):
+    for index, cell, tags in code_cells(path):
+        if not compared(tags):
+            continue
+        text, where = stored_text(cell), f"{path.name} cell {index}"
+        assert not LONG_FLOAT.findall(text), f"{where} prints {LONG_FLOAT.findall(text)[:3]}: round it"
+        assert not PATH.search(text), f"{where} prints a path: {PATH.search(text).group(0)}..."
+        assert not DOUBLED.search(text), f"{where} doubles the rank prefix: {DOUBLED.search(text).group(0)}"
+        assert "Traceback (most recent call last)" not in text, f"{where} stores a traceback"
