@@ -6,6 +6,11 @@ Used by ``02_process_groups`` to ``05_ring_all_reduce`` and ``07_ddp_from_scratc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the package
+    from matplotlib.axes import Axes
+
 
 # ---------------------------------------------------------------- 04 collectives, 05 ring
 
@@ -41,7 +46,8 @@ def _grid(ax, holdings, title: str, vmin: float, vmax: float, cmap: str = "virid
         ax.spines[side].set_visible(False)
 
 
-def plot_collective(name: str, before: list, after: list, axes=None):
+def plot_collective(name: str, before: list, after: list,
+                    axes: Sequence[Axes] | None = None) -> Sequence[Axes]:
     """Two panels: what every rank holds before and after a collective (lists per rank; ``None`` = nothing)."""
     import matplotlib.pyplot as plt
 
@@ -56,7 +62,7 @@ def plot_collective(name: str, before: list, after: list, axes=None):
     return axes
 
 
-def plot_ring_steps(states: list, axes=None):
+def plot_ring_steps(states: list, axes: Sequence[Axes] | None = None) -> Sequence[Axes]:
     """The ring all-reduce step by step from ``ring.ring_trace``: ``states[rank][step]`` per rank.
 
     Cells are coloured by how many ranks' values they contain (the digits that are 1),
@@ -100,7 +106,7 @@ def plot_ring_steps(states: list, axes=None):
     return axes
 
 
-def plot_busbw(rows: list, ax, memcpy_gbps: float | None = None):
+def plot_busbw(rows: list, ax: Axes, memcpy_gbps: float | None = None) -> Axes:
     """Bus bandwidth over message size from ``bench.allreduce.sweep`` rows, one line per (impl, world_size)."""
     for i, n in enumerate(sorted({row["world_size"] for row in rows})):
         mine = sorted((r for r in rows if r["world_size"] == n), key=lambda r: r["bytes"])
@@ -122,7 +128,7 @@ def plot_busbw(rows: list, ax, memcpy_gbps: float | None = None):
 # ---------------------------------------------------------------- 02 process groups, 03 point-to-point
 
 
-def plot_subgroups(results: list, ax=None):
+def plot_subgroups(results: list, ax: Axes | None = None) -> Axes:
     """``process_groups.subgroup_sums`` results: ranks coloured by group, each with its group's sum."""
     import matplotlib.pyplot as plt
 
@@ -146,7 +152,7 @@ def plot_subgroups(results: list, ax=None):
     return ax
 
 
-def plot_token_ring(results: list, ax=None):
+def plot_token_ring(results: list, ax: Axes | None = None) -> Axes:
     """Space-time diagram of ``p2p.pass_token``: a line per rank, an arrow per message, labelled by the token."""
     import matplotlib.pyplot as plt
 
@@ -172,7 +178,8 @@ def plot_token_ring(results: list, ax=None):
 # ---------------------------------------------------------------- 07 DDP from scratch: the cost model
 
 
-def plot_allreduce_fit(nbytes: list, seconds: list, latency: float, bandwidth: float, ax=None):
+def plot_allreduce_fit(nbytes: list, seconds: list, latency: float, bandwidth: float,
+                       ax: Axes | None = None) -> Axes:
     """Time of one all-reduce against its size, with the fitted line ``latency + bytes / bandwidth``."""
     import matplotlib.pyplot as plt
 

@@ -6,12 +6,17 @@ timestamps and values the workers really returned.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the package
+    from matplotlib.axes import Axes
+
 
 # ---------------------------------------------------------------- 09 model parallel
 
 
-def plot_pipeline_timeline(events: list, ax=None, num_stages: int = 2, title: str = "",
-                           unit: str = "ms", xmax: float | None = None):
+def plot_pipeline_timeline(events: list, ax: Axes | None = None, num_stages: int = 2, title: str = "",
+                           unit: str = "ms", xmax: float | None = None) -> Axes:
     """Gantt chart of ``pipeline`` events ``(stage, micro_batch, start, end)``: a lane per stage,
     a bar per micro-batch (same colour = same micro-batch), white space = idle (``09_model_parallel_ddp``).
     ``xmax`` (in the events' unit) gives several charts one time axis."""
@@ -35,7 +40,7 @@ def plot_pipeline_timeline(events: list, ax=None, num_stages: int = 2, title: st
     return ax
 
 
-def plot_stage_grid(results: list, ax=None):
+def plot_stage_grid(results: list, ax: Axes | None = None) -> Axes:
     """The stages x replicas grid of ``pipeline_grid``: a box per rank, p2p arrows along each
     pipeline, all-reduce links between the ranks holding the same stage (``09_model_parallel_ddp``)."""
     import matplotlib.pyplot as plt
@@ -74,7 +79,7 @@ def plot_stage_grid(results: list, ax=None):
 # ---------------------------------------------------------------- 07 DDP from scratch
 
 
-def plot_overlap_timeline(timelines: list, ax=None, title: str = ""):
+def plot_overlap_timeline(timelines: list, ax: Axes | None = None, title: str = "") -> Axes:
     """``bench.ddp.timeline`` results (one per rank): for each rank a lane of gradients becoming
     ready during backward and a lane of bucket all-reduces (launch to done), same colour = same bucket."""
     import matplotlib.pyplot as plt
@@ -103,7 +108,8 @@ def plot_overlap_timeline(timelines: list, ax=None, title: str = ""):
     return ax
 
 
-def plot_bucket_sweep(rows: list, latency: float, bandwidth: float, ax=None, floor: float | None = None):
+def plot_bucket_sweep(rows: list, latency: float, bandwidth: float, ax: Axes | None = None,
+                      floor: float | None = None) -> Axes:
     """``bench.ddp.bucket_sweep`` rows against bucket size: step time, communication alone, and the
     model ``buckets * latency + bytes / bandwidth`` with its fitted constants."""
     import matplotlib.pyplot as plt
