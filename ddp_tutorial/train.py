@@ -39,7 +39,7 @@ from ddp_tutorial.models import TRAIN_MODELS, build_model
 from ddp_tutorial.multinode import exit_on_sigterm
 from ddp_tutorial.reproducibility import deterministic_for, seed_everything
 
-__all__ = ["TrainConfig", "ConfigError", "train", "evaluate", "seed_everything", "default_model", "main"]
+__all__ = ["TrainConfig", "ConfigError", "train", "evaluate", "maybe_fail", "seed_everything", "default_model", "main"]
 
 DEFAULT_MODEL = {"digits": "cnn", "fake": "cnn", "cifar10": "resnet18"}
 FAILURE_EXIT_CODE = 13
@@ -145,7 +145,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> dict
     return {"test_loss": loss_sum / max(count, 1), "test_acc": correct / max(count, 1), "test_samples": int(count)}
 
 
-def _maybe_fail(config: TrainConfig, step: int, rank: int, world_size: int, attempt: int) -> None:
+def maybe_fail(config: TrainConfig, step: int, rank: int, world_size: int, attempt: int) -> None:
     """Fault injection: the last rank dies hard at ``--fail-at-step``, on the first attempt only."""
     if config.fail_at_step == step and attempt == 0 and rank == world_size - 1:
         print(f"rank {rank}: injected failure at step {step} (attempt {attempt})", file=sys.stderr, flush=True)
@@ -195,7 +195,7 @@ def _fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, 
         start = time.perf_counter()
         for x, y in progress(setup.train_loader, rank, f"epoch {epoch + 1}"):
             step += 1
-            _maybe_fail(config, step, rank, world_size, attempt)
+            maybe_fail(config, step, rank, world_size, attempt)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             setup.optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(setup.ddp(x), y)
