@@ -28,8 +28,12 @@ __all__ = ["Grid", "mlp_stages", "grid_worker", "train_whole_model"]
 
 @dataclass(frozen=True)
 class Grid:
-    """Which rank holds which stage of which replica. Adjacent ranks form one pipeline,
-    so on GPUs the frequent activation traffic stays inside a node."""
+    """Which rank holds which stage of which replica: ``rank = replica * num_stages + stage``.
+
+    Adjacent ranks form one pipeline and the replicas are the outermost axis, the order of
+    the usual 3-D layout (tensor parallel inside a node, pipeline stages next, data parallel
+    outermost). Here a stage is one device; in large runs a stage is a node's tensor-parallel
+    GPUs, so the pipeline crosses nodes, carrying only activations at stage boundaries."""
 
     world_size: int
     num_stages: int
@@ -84,10 +88,16 @@ def _split(n: int, parts: int, what: str) -> int:
 
 def grid_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.1, global_batch: int = 8,
                 num_micro: int = 2, widths: tuple[int, ...] = (10, 10, 5), seed: int = 0) -> dict:
-    """Train one stage of one replica with GPipe's schedule: all forwards, then all backwards.
+    """Train one stage of one replica with a GPipe-style flush per step.
 
-    Returns the rank's place in the grid, its groups, the global loss per step
-    (last stage only) and its stage's final weights.
+    Every stage but the last runs all its forwards, then all its backwards. The last stage
+    has the loss, so it runs each micro-batch's backward right after its forward (F0 B0 F1
+    B1 ...) and sends the input gradients back once its forwards are done; the backward wave
+    reaches the earlier stages only after their forward phase, as in GPipe.
+
+    Returns the rank's place in the grid, its groups, the order it ran the micro-batches in
+    (``schedule``, the same every step), the global loss per step (last stage only) and
+    its stage's final weights.
     """
     grid = Grid(world_size, len(widths) - 1)
     stage, replica = grid.stage_of(rank), grid.replica_of(rank)
@@ -107,7 +117,8 @@ def grid_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.1,
         module.zero_grad()
         inputs, outputs, sends = [], [], []
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for m in range(num_micro):  # forward phase
+        order = []  # what this rank ran, in order: "F0" = forward of micro-batch 0, "B0" its backward
+        for m in range(num_micro):  # forward phase (and, on the last stage, each backward at once)
             if first:
                 h = xs[m]
             else:
@@ -116,19 +127,22 @@ def grid_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.1,
                 h.requires_grad_()
             out = module(h)
             inputs.append(h)
+            order.append(f"F{m}")
             if last:
                 # 1/num_micro: the micro-batch gradients add up to the replica's mean gradient
                 loss = nn.functional.mse_loss(out, ys[m]) / num_micro
                 loss.backward()
+                order.append(f"B{m}")
                 loss_sum += loss.detach()
             else:
                 outputs.append(out)
                 sends.append(dist.isend(out.detach(), dst=next_rank))
-        for m in range(num_micro):  # backward phase
+        for m in range(num_micro):  # backward phase (the last stage only sends its input gradients)
             if not last:
                 grad = torch.empty(micro, widths[stage + 1], dtype=torch.float64, device=device)
                 dist.recv(grad, src=next_rank)
                 outputs[m].backward(grad)
+                order.append(f"B{m}")
             if not first:
                 sends.append(dist.isend(inputs[m].grad, dst=prev_rank))
         for work in sends:
@@ -144,7 +158,7 @@ def grid_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.1,
             losses.append(loss_sum.item() / grid.num_replicas)
     return {"rank": rank, "stage": stage, "replica": replica,
             "pipeline": grid.pipeline_ranks(replica), "data_parallel": grid.data_parallel_ranks(stage),
-            "losses": losses if last else None,
+            "schedule": order, "losses": losses if last else None,
             "state": {k: v.detach().cpu() for k, v in module.state_dict().items()}}
 
 

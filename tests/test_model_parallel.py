@@ -194,8 +194,12 @@ def test_grid_training_equals_one_process_training(world_size, widths, global_ba
             assert torch.allclose(r["state"][name], value, atol=1e-6, rtol=0)
         if r["stage"] == grid.num_stages - 1:
             assert r["losses"] == pytest.approx(ref["losses"], abs=1e-6)
+            # the last stage backpropagates each micro-batch right after its forward
+            assert r["schedule"] == [f"{p}{m}" for m in range(num_micro) for p in "FB"]
         else:
             assert r["losses"] is None
+            # the other stages: every forward, then every backward (GPipe)
+            assert r["schedule"] == [f"F{m}" for m in range(num_micro)] + [f"B{m}" for m in range(num_micro)]
     start = mlp_stages(widths, 1)[0].state_dict()
     assert not torch.allclose(ref["states"][0]["0.weight"], start["0.weight"]), "training never moved the weights"
 
