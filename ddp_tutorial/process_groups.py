@@ -3,8 +3,9 @@
 Used by ``02_process_groups``. Every function with the signature
 ``(rank, world_size, ...)`` is a worker for ``launch.spawn``; most of them set up
 the group themselves (``spawn(..., init_process_group=False)``) because setting
-it up is the lesson. ``launch_with_process`` and ``launch_with_mp_spawn``
-start ranks the two classic ways, without ``launch.spawn``. From a shell:
+it up is the lesson. ``gpu_setup`` is the GPU rule for one rank, with device counts
+as arguments. Starting ranks without ``launch.spawn`` (``multiprocessing.Process``,
+``mp.spawn``) and the start methods are in ``start_methods``. From a shell:
 
     torchrun --nproc-per-node=2 -m ddp_tutorial.process_groups
     python -m ddp_tutorial.process_groups          # one process: a world of one
@@ -12,23 +13,16 @@ start ranks the two classic ways, without ``launch.spawn``. From a shell:
 
 from __future__ import annotations
 
-import logging
-import multiprocessing
 import os
-import re
-import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as torch_mp
 
-from ddp_tutorial.env import choose_backend, distributed, local_rank, rank_device, set_device_for
-from ddp_tutorial.launch import LOCALHOST, free_port
+from ddp_tutorial.env import (bound_device, choose_backend, choose_device, distributed, local_rank, rank_device,
+                              set_device_for)
 
 INIT_METHODS = ("env", "tcp", "file")
 # What the env:// rendezvous reads when rank and world_size are not passed in.
@@ -52,9 +46,9 @@ def join_with(rank: int, world_size: int, method: str, file_path: str | None = N
               backend: str | None = None) -> dict:
     """Join the default group with one init method, all-reduce ``rank + 1``, leave."""
     backend = backend or choose_backend(local_world_size=world_size)
-    device = set_device_for(local_rank(), backend)
+    device = set_device_for(local_rank(), backend)  # on GPUs: this rank's GPU, current before init
     dist.init_process_group(backend, init_method=init_url(method, file_path),
-                            rank=rank, world_size=world_size)
+                            rank=rank, world_size=world_size, device_id=bound_device(device))
     try:
         x = torch.tensor([rank + 1.0], device=device)
         dist.all_reduce(x)
@@ -62,6 +56,40 @@ def join_with(rank: int, world_size: int, method: str, file_path: str | None = N
                 "backend": dist.get_backend(), "init_method": method, "sum": x.item()}
     finally:
         dist.destroy_process_group()
+
+
+def without_a_backend(rank: int, world_size: int) -> dict:
+    """``init_process_group()`` with no backend: torch registers the one for the machine's accelerator.
+
+    Returns the device type torch detected (``"cpu"`` without one) and what the group
+    says about its backend. torch looks at the kind of accelerator, not at how many
+    there are: ``env.choose_backend`` also counts GPUs per rank.
+    """
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    device = torch.device("cpu") if accelerator is None else torch.device(accelerator.type, local_rank())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(rank=rank, world_size=world_size)  # env://; no backend named
+    try:
+        x = torch.tensor([rank + 1.0], device=device)
+        dist.all_reduce(x)
+        return {"device": device.type, "backend_config": dist.get_backend_config(),
+                "get_backend": dist.get_backend(), "sum": x.item()}
+    finally:
+        dist.destroy_process_group()
+
+
+def gpu_setup(local_rank: int, local_world_size: int, cuda_devices: int, nccl_available: bool = True) -> dict:
+    """What a rank sets up before ``init_process_group``, on a node with ``cuda_devices`` GPUs.
+
+    The course's rule (``env``): the backend; the device the rank's tensors live on;
+    the device made current with ``torch.cuda.set_device`` (``set_device_for``), None
+    on the CPU; and the ``device_id`` the group is bound to (``bound_device``).
+    """
+    backend = choose_backend(cuda_devices, local_world_size, nccl_available=nccl_available)
+    device = choose_device(local_rank, backend, cuda_devices=cuda_devices)
+    current = device if device.type == "cuda" else None
+    return {"backend": backend, "device": device, "set_device": current, "device_id": bound_device(device)}
 
 
 def what_init_needs(rank: int, world_size: int) -> dict[str, str]:
@@ -164,96 +192,6 @@ def lifecycle(rank: int, world_size: int) -> list[tuple[str, str]]:
     except (ValueError, RuntimeError) as err:
         steps.append(("all_reduce after destroy", f"{type(err).__name__}: {str(err).splitlines()[0]}"))
     return steps
-
-
-# ------------------------------------------- starting ranks without launch.spawn
-
-
-def classic_worker(rank: int, world_size: int, port: int, results: Any) -> None:
-    """What each rank runs under ``multiprocessing.Process`` or ``mp.spawn``: set up, work, report."""
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = LOCALHOST, str(port)
-    backend = choose_backend(local_world_size=world_size)
-    device = set_device_for(rank, backend)
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
-    try:
-        x = torch.tensor([rank + 1.0], device=device)
-        dist.all_reduce(x)
-        results.put((rank, x.item()))  # a return value would be lost: the parent reads a queue
-    finally:
-        dist.destroy_process_group()
-
-
-def launch_with_process(world_size: int = 2, timeout: float = 60.0) -> list:
-    """One ``multiprocessing.Process`` per rank, "spawn" start method; results by rank."""
-    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: safe with CUDA and threads
-    results = ctx.SimpleQueue()
-    port = free_port()  # rank 0 will host the store here; a small race, fine for a lesson
-    procs = [ctx.Process(target=classic_worker, args=(rank, world_size, port, results))
-             for rank in range(world_size)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    failed = [rank for rank, p in enumerate(procs) if p.exitcode != 0]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    if failed:
-        raise RuntimeError(f"ranks {failed} did not finish cleanly within {timeout:g} s")
-    return [value for _, value in sorted(results.get() for _ in range(world_size))]
-
-
-def launch_with_mp_spawn(world_size: int = 2, timeout: float = 60.0) -> list:
-    """``torch.multiprocessing.spawn``: calls ``classic_worker(rank, *args)``; results by rank."""
-    results = multiprocessing.get_context("spawn").SimpleQueue()
-    context = torch_mp.spawn(classic_worker, args=(world_size, free_port(), results),
-                             nprocs=world_size, join=False)
-    _join(context, timeout)  # mp.spawn(..., join=True) would wait forever on a hang
-    return [value for _, value in sorted(results.get() for _ in range(world_size))]
-
-
-def raw_mp_spawn(fn: Callable[[int, int], Any], nprocs: int = 2, timeout: float = 60.0) -> None:
-    """``torch.multiprocessing.spawn(fn)`` with the children's stderr captured.
-
-    For a worker defined in a notebook the children die before ``fn`` runs;
-    the error then quotes the error line they printed (02 shows this on purpose).
-    """
-    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
-    level = spawn_log.level
-    spawn_log.setLevel(logging.ERROR)  # its "Terminating process <pid>" warning would vary
-    with tempfile.TemporaryFile() as log:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)  # the children inherit fd 2 while they start
-        try:
-            context = torch_mp.spawn(fn, args=(nprocs,), nprocs=nprocs, join=False)
-            try:
-                _join(context, timeout)
-                return
-            except torch_mp.ProcessExitedException:
-                pass  # which child is reported first is down to timing: name none
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            spawn_log.setLevel(level)
-        log.seek(0)
-        text = log.read().decode(errors="replace")
-    # A child stopped by its parent may leave half a traceback: quote a complete error line.
-    errors = re.findall(r"^\w+(?:Error|Exception): .*$", text, flags=re.MULTILINE) or ["(no error line)"]
-    raise RuntimeError(f"torch.multiprocessing.spawn failed: the children exited with an error; "
-                       f"their last words: {errors[-1]}")
-
-
-def _join(context, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not context.join(timeout=max(0.1, deadline - time.monotonic())):
-        if time.monotonic() > deadline:
-            for p in context.processes:
-                p.kill()
-                p.join()
-            raise TimeoutError(f"mp.spawn ranks still running after {timeout:g} s")
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""ddp_tutorial.process_groups (lesson 02): init methods, launchers, sub-groups, barrier, timeouts."""
+"""ddp_tutorial.process_groups (lesson 02): init methods, the default backend, the GPU set-up, sub-groups,
+barrier, timeouts. The launchers are in test_start_methods.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from ddp_tutorial import env
 from ddp_tutorial import process_groups as pg
 from ddp_tutorial.launch import WorkerError, spawn
 
@@ -46,21 +49,37 @@ def test_a_missing_variable_is_named_in_the_error():
         assert variable in message and "expected, but not set" in message
 
 
-def test_process_and_mp_spawn_launchers_return_results_by_rank():
-    assert pg.launch_with_process(world_size=2, timeout=90) == [3.0, 3.0]
-    assert pg.launch_with_mp_spawn(world_size=2, timeout=90) == [3.0, 3.0]
+def test_without_a_backend_torch_registers_the_default_for_the_accelerator():
+    result = spawn(pg.without_a_backend, 1, init_process_group=False, timeout=60)[0]
+    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    # torch's documented table: gloo for the CPU, nccl for CUDA; one pair, not "cpu:gloo,cuda:nccl"
+    assert result["backend_config"] == ("cuda:nccl" if has_gpu else "cpu:gloo")
+    assert result["device"] == ("cuda" if has_gpu else "cpu")
+    assert result["sum"] == 1.0
 
 
-def _defined_in_main(rank, world_size):
-    return rank
+@pytest.mark.parametrize("gpus, procs", [(0, 1), (0, 2), (1, 1), (1, 2), (2, 2), (2, 4), (4, 2), (8, 8)])
+def test_gpu_setup_puts_local_rank_r_on_cuda_r_when_every_rank_has_a_gpu(gpus, procs):
+    for lr in range(procs):
+        plan = pg.gpu_setup(lr, procs, gpus)
+        if gpus >= procs:  # the reference, written out: one GPU per local rank
+            cuda = torch.device(f"cuda:{lr}")
+            assert plan == {"backend": "nccl", "device": cuda, "set_device": cuda, "device_id": cuda}
+        else:
+            cpu = torch.device("cpu")
+            assert plan == {"backend": "gloo", "device": cpu, "set_device": None, "device_id": None}
+    assert pg.gpu_setup(0, 2, 2, nccl_available=False)["backend"] == "gloo"
 
 
-def test_raw_mp_spawn_of_a_main_function_reports_cant_get_attribute(monkeypatch):
-    # What a notebook does: the worker is an attribute of __main__ in the parent only.
-    monkeypatch.setattr(_defined_in_main, "__module__", "__main__")
-    monkeypatch.setattr(sys.modules["__main__"], "_defined_in_main", _defined_in_main, raising=False)
-    with pytest.raises(RuntimeError, match="Can't get attribute '_defined_in_main'"):
-        pg.raw_mp_spawn(_defined_in_main, nprocs=2, timeout=90)
+@pytest.mark.parametrize("lr", [0, 3])
+def test_gpu_setup_agrees_with_what_set_device_for_does(monkeypatch, lr):
+    made_current = []
+    monkeypatch.setattr(env, "cuda_device_count", lambda: 4)  # a node with 4 GPUs, simulated
+    monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
+    device = env.set_device_for(lr, "nccl")
+    plan = pg.gpu_setup(lr, 4, cuda_devices=4)
+    assert made_current == [plan["set_device"]] and device == plan["device"] == torch.device("cuda", lr)
+    assert env.bound_device(device) == plan["device_id"]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
