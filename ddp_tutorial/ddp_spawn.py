@@ -176,24 +176,37 @@ def counting_allreduce_hook(state, bucket):  # no annotations: DDP checks them a
     return default_hooks.allreduce_hook(None, bucket)
 
 
+ACCUMULATION_MODES = ("no_sync", "backward only in no_sync", "every step")
+
+
 def accumulate(rank: int, world_size: int, micro_batches: int = 4) -> dict:
-    """Gradient accumulation over ``micro_batches``, with and without ``no_sync``: all-reduces and gradients."""
+    """Gradient accumulation over ``micro_batches`` in each of ``ACCUMULATION_MODES``: all-reduces and gradients.
+
+    DDP decides in the *forward* whether the coming backward all-reduces (it reads
+    ``require_backward_grad_sync``, which ``no_sync`` turns off): so forward and backward
+    both go inside ``no_sync``. With only the backward inside, every backward still syncs.
+    """
     device = rank_device()
     g = torch.Generator().manual_seed(rank)
     batches = [torch.randn(4, 10, generator=g).to(device) for _ in range(micro_batches)]
     results = {}
-    for use_no_sync in (True, False):
+    for mode in ACCUMULATION_MODES:
         torch.manual_seed(0)
         model = wrap(ToyModel(), device)
         counter = {"all_reduces": 0}
         model.register_comm_hook(counter, counting_allreduce_hook)
         for i, x in enumerate(batches):
-            last = i == micro_batches - 1
-            context = model.no_sync() if use_no_sync and not last else contextlib.nullcontext()
-            with context:  # inside no_sync, gradients just add up locally in param.grad
+            skip_sync = mode != "every step" and i < micro_batches - 1  # the last micro-batch syncs
+            if skip_sync and mode == "no_sync":
+                with model.no_sync():  # forward and backward: gradients just add up in param.grad
+                    (model(x).pow(2).mean() / micro_batches).backward()
+            elif skip_sync:  # the slip: the forward ran outside, so DDP already expects to sync
+                loss = model(x).pow(2).mean() / micro_batches
+                with model.no_sync():
+                    loss.backward()
+            else:
                 (model(x).pow(2).mean() / micro_batches).backward()
-        results["no_sync" if use_no_sync else "every step"] = {
-            "all_reduces": counter["all_reduces"], "grads": [p.grad.cpu() for p in model.parameters()]}
+        results[mode] = {"all_reduces": counter["all_reduces"], "grads": [p.grad.cpu() for p in model.parameters()]}
     return results
 
 

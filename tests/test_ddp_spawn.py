@@ -78,11 +78,15 @@ def test_no_sync_communicates_once_and_gives_the_same_gradients():
     results = spawn(d.accumulate, 2, args=(4,), timeout=90)
     assert [r["no_sync"]["all_reduces"] for r in results] == [1, 1]
     assert [r["every step"]["all_reduces"] for r in results] == [4, 4]
+    # DDP decides in forward whether to sync: a forward outside no_sync syncs its backward anyway
+    assert [r["backward only in no_sync"]["all_reduces"] for r in results] == [4, 4]
     local = [r["no_sync"]["grads"][0] for r in results]
     assert not torch.equal(local[0], torch.zeros_like(local[0]))
-    for a, b, c in zip(results[0]["no_sync"]["grads"], results[1]["no_sync"]["grads"], results[0]["every step"]["grads"]):
+    for a, b, c, e in zip(results[0]["no_sync"]["grads"], results[1]["no_sync"]["grads"],
+                          results[0]["every step"]["grads"], results[0]["backward only in no_sync"]["grads"]):
         torch.testing.assert_close(a, b, atol=0, rtol=0)  # averaged: equal on both ranks
         torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
