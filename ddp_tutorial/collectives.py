@@ -3,7 +3,9 @@
 Used by ``04_collectives`` (pictures drawn from what these workers return) and by
 ``tests/test_collectives.py``. Every worker returns ``(before, after)``: the
 values this rank holds, as lists, or ``None`` where the rank holds nothing
-(or nothing it may read). From a shell:
+(or nothing it may read). The flat forms that FSDP and ZeRO use are here too
+(``all_gather_flat``, ``reduce_scatter_flat``); object collectives are in
+``object_collectives``. From a shell:
 
     torchrun --nproc-per-node=2 -m ddp_tutorial.collectives
     python -m ddp_tutorial.collectives          # a world of one: every collective is a copy
@@ -22,7 +24,8 @@ from ddp_tutorial.ring import segment_bounds
 
 __all__ = ["COLLECTIVES", "Holding", "rank_data", "broadcast", "scatter", "gather",
            "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_gather_uneven",
-           "ragged_all_gather", "run_all", "every_reduce_op", "async_all_reduce"]
+           "ragged_all_gather", "run_all", "all_gather_flat", "reduce_scatter_flat", "flat_and_list",
+           "every_reduce_op", "async_all_reduce"]
 
 # (before, after): what a rank holds, ``None`` where it holds nothing it may read
 Holding = Tuple[Optional[list], Optional[list]]
@@ -143,6 +146,38 @@ def ragged_all_gather(rank: int, world_size: int, dtype=torch.float32) -> Holdin
 def run_all(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> dict:
     """Every collective in turn (one launch for the notebook's pictures): name -> (before, after)."""
     return {name: fn(rank, world_size, numel, dtype) for name, fn in COLLECTIVES.items()}
+
+
+# The flat forms' names: torch 2.13 renamed all_gather_into_tensor to all_gather_single and
+# reduce_scatter_tensor to reduce_scatter_single (the old names still work, with a
+# FutureWarning); older releases have only the old names. Use whichever this torch has.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def all_gather_flat(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> Holding:
+    """``all_gather_into_tensor``: every rank's tensor into ONE flat output, rank r's at [r*numel, (r+1)*numel)."""
+    x = rank_data(rank, numel, dtype, rank_device())
+    out = torch.empty(world_size * numel, dtype=dtype, device=x.device)  # no list, no torch.cat
+    _all_gather_single(out, x)  # every rank must send the same numel
+    return x.tolist(), out.tolist()
+
+
+def reduce_scatter_flat(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
+                        op=ReduceOp.SUM) -> Holding:
+    """``reduce_scatter_tensor``: ONE flat input of ``world_size * numel``; rank r keeps reduced part r."""
+    x = rank_data(rank, world_size * numel, dtype, rank_device())
+    out = torch.empty(numel, dtype=dtype, device=x.device)  # the parts are equal: numel each
+    _reduce_scatter_single(out, x, op=op)
+    return x.tolist(), out.tolist()
+
+
+def flat_and_list(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> dict:
+    """The flat forms next to the list forms, on the same inputs: name -> (before, after)."""
+    return {"all_gather": all_gather(rank, world_size, numel, dtype),
+            "all_gather_flat": all_gather_flat(rank, world_size, numel, dtype),
+            "reduce_scatter": reduce_scatter(rank, world_size, world_size * numel, dtype),
+            "reduce_scatter_flat": reduce_scatter_flat(rank, world_size, numel, dtype)}
 
 
 def every_reduce_op(rank: int, world_size: int) -> dict[str, str]:

@@ -15,3 +15,16 @@ def list_all_to_all_uneven(rank: int, world_size: int) -> str:
     except RuntimeError as exc:
         return str(exc)
     return "ok"
+
+
+def flat_forms_warnings(rank: int, world_size: int) -> list[str]:
+    """collectives' flat workers, with every warning recorded: a deprecated torch name would warn."""
+    import warnings
+
+    from ddp_tutorial import collectives as c
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        c.all_gather_flat(rank, world_size)
+        c.reduce_scatter_flat(rank, world_size)
+    return [str(w.message) for w in caught]

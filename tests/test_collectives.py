@@ -7,6 +7,7 @@ import torch
 from torch.distributed import ReduceOp
 
 from ddp_tutorial import collectives as c
+from ddp_tutorial import object_collectives as oc
 from ddp_tutorial.launch import spawn
 
 NUMELS = [1, 2, 7]  # 7 does not divide by 2, 3 or 4; 1 is fewer elements than ranks
@@ -88,6 +89,58 @@ def test_every_collective_matches_the_one_process_reference(world_size):
             assert tuple(got) == want, f"{key} on rank {rank} of {world_size}"
             checked += 1
     assert checked == world_size * len(NUMELS) * len(DTYPES) * (5 + 3 * len(OPS))
+
+
+def flat_cases(rank: int, world_size: int) -> dict:
+    """The flat forms x numel x dtype (x op for reduce_scatter_flat), run on this rank."""
+    out = {}
+    for numel in (1, 2, 3):
+        for dtype in DTYPES:
+            out["all_gather_flat", numel, dtype, None] = c.all_gather_flat(rank, world_size, numel, dtype)
+            for op in OPS:
+                out["reduce_scatter_flat", numel, dtype, op.name] = c.reduce_scatter_flat(
+                    rank, world_size, numel, dtype, op=op)
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_flat_forms_match_the_one_process_reference(world_size):
+    results = spawn(flat_cases, world_size, backend="gloo", timeout=90)
+    for rank, held in enumerate(results):
+        assert len(held) == 3 * len(DTYPES) * (1 + len(OPS))
+        for (name, numel, dtype, op_name), got in held.items():
+            if name == "all_gather_flat":  # rank r's numel values at [r * numel, (r + 1) * numel)
+                want = expected("all_gather", rank, world_size, numel, dtype, None)
+            else:  # one input of world_size * numel values, cut into equal parts
+                want = expected("reduce_scatter", rank, world_size, world_size * numel, dtype, op_name)
+            assert tuple(got) == want, f"{name} numel={numel} {dtype} {op_name} on rank {rank} of {world_size}"
+
+
+@pytest.mark.timeout(60)
+def test_flat_and_list_forms_agree_and_use_no_deprecated_name():
+    import collective_workers as cw
+
+    for held in spawn(c.flat_and_list, 3, args=(2,), backend="gloo", timeout=30):
+        assert held["all_gather_flat"] == held["all_gather"]
+        assert held["reduce_scatter_flat"] == held["reduce_scatter"]
+    assert spawn(cw.flat_forms_warnings, 2, backend="gloo", timeout=30) == [[], []]
+
+
+@pytest.mark.timeout(60)
+def test_object_collectives_deliver_every_ranks_metadata_and_rank_0s_config():
+    results = spawn(oc.share_metadata, 3, backend="gloo", timeout=30)
+    metadata = [{"rank": r, "samples": 1000 + 10 * r, "files": [f"shard-{r}-{i}.bin" for i in range(r + 1)]}
+                for r in range(3)]
+    assert results == [{"gathered": metadata, "config": {"lr": 0.1, "run": "exp-7", "seed": 42}}] * 3
+
+
+@pytest.mark.timeout(60)
+def test_object_all_gather_carries_the_tensors_numbers_and_costs_more():
+    results = spawn(oc.object_vs_tensor, 2, args=(20,), backend="gloo", timeout=30)
+    assert all(r["same numbers"] for r in results)
+    # two collectives plus pickling against one collective: slower on every machine
+    assert sum(r["object"] for r in results) > sum(r["tensor"] for r in results)
 
 
 @pytest.mark.timeout(60)
