@@ -10,7 +10,8 @@ collectives asynchronously on a CUDA stream and often cannot:
   garbage) instead of failing;
 - ``init_process_group`` returns before every rank has joined, because NCCL
   connects at the first collective (``TORCH_DIST_INIT_BARRIER=1`` adds a
-  store-based barrier to init, bounded by its timeout);
+  store-based barrier to init, bounded by its timeout; ``device_id=`` makes NCCL
+  connect inside init, as the course's launchers do through ``env.bound_device``);
 - a collective that outlives the group's timeout is not raised in the caller:
   NCCL's watchdog thread aborts the whole process (``TORCH_NCCL_ASYNC_ERROR_HANDLING``).
 
@@ -53,8 +54,9 @@ _TABLE: dict[str, tuple[bool, tuple[str, str], tuple[str, str], str]] = {
         "the same: monitored_barrier is gloo-only, so on NCCL it runs on a gloo side group"),
     "joins": (
         False, ("ok", "DistStoreError: wait timeout"), ("ok", "DistStoreError: wait timeout"),
-        "init_process_group returns before the missing rank joins (NCCL connects at the first "
-        "collective, which then hangs); TORCH_DIST_INIT_BARRIER=1 makes init wait and time out"),
+        "without device_id, init_process_group returns before the missing rank joins (NCCL connects "
+        "at the first collective, which then hangs); TORCH_DIST_INIT_BARRIER=1 makes init wait and "
+        "time out, device_id= makes NCCL connect inside init"),
     "uneven_inputs": (
         False, ("ok", "stuck in"), ("ok", "stuck in"),
         "the all-reduce that no rank joins is not raised: after the group's timeout NCCL's "
