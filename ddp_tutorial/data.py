@@ -5,6 +5,8 @@
 - ``cifar10``: torchvision's CIFAR-10 from ``--data-dir``. Downloading happens only
   with an explicit flag, by local rank 0 first while the other ranks wait.
 - ``fake``: torchvision's ``FakeData`` (random images) for throughput runs.
+- ``SlowDataset``: any of them with a wait per sample, standing in for reading files
+  (``10_train_end_to_end`` times DataLoader workers on it).
 
 Training data is split between ranks by ``DistributedSampler`` (call
 ``set_epoch`` every epoch); test data by ``shard_indices``, which never pads, so
@@ -14,6 +16,7 @@ every test sample is counted exactly once when metrics are all-reduced.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, Te
 
 from ddp_tutorial.env import local_rank
 
-__all__ = ["DATASETS", "DataError", "DataSpec", "load_dataset", "digits", "cifar10", "fake",
+__all__ = ["DATASETS", "DataError", "DataSpec", "load_dataset", "digits", "cifar10", "fake", "SlowDataset",
            "shard_indices", "make_loaders"]
 
 DATASETS = ("digits", "cifar10", "fake")
@@ -128,6 +131,23 @@ def _download_on_rank0(data_dir: str) -> None:
         problem = problem or next((v for v in verdicts if v), "")
     if problem:
         raise DataError(problem)
+
+
+class SlowDataset(Dataset):
+    """``dataset`` with ``seconds`` of waiting in every ``__getitem__``: reading and decoding a file.
+
+    Waiting on storage (or decoding on spare cores) is what DataLoader workers overlap with training.
+    """
+
+    def __init__(self, dataset: Dataset, seconds: float):
+        self.dataset, self.seconds = dataset, seconds
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        time.sleep(self.seconds)
+        return self.dataset[index]
 
 
 def load_dataset(name: str, *, data_dir: str | None = None, download: bool = False, seed: int = 0,

@@ -34,12 +34,13 @@ from torch.utils.data import DataLoader
 from ddp_tutorial.checkpoint import CheckpointError, agree_to_resume, capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from ddp_tutorial.data import DATASETS, DataError, load_dataset, make_loaders
 from ddp_tutorial.env import NotLaunchedError, distributed, local_rank, rank_info
+from ddp_tutorial.evaluation import evaluate
 from ddp_tutorial.launch import watched_live
 from ddp_tutorial.models import TRAIN_MODELS, build_model
 from ddp_tutorial.multinode import exit_on_sigterm
 from ddp_tutorial.reproducibility import deterministic_for, seed_everything
 
-__all__ = ["TrainConfig", "ConfigError", "train", "evaluate", "maybe_fail", "seed_everything", "default_model", "main"]
+__all__ = ["TrainConfig", "ConfigError", "train", "maybe_fail", "seed_everything", "default_model", "main"]
 
 DEFAULT_MODEL = {"digits": "cnn", "fake": "cnn", "cifar10": "resnet18"}
 FAILURE_EXIT_CODE = 13
@@ -122,27 +123,6 @@ def build(config: TrainConfig, rank: int, world_size: int, device: torch.device)
         restore_rng(state["rng"])
         setup.start_epoch, setup.step, setup.history = state["epoch"], state["step"], list(state["history"])
     return setup
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> dict:
-    """Loss and accuracy over the whole test split: each rank scores its shard, then one all-reduce.
-
-    Pass the bare model, not the DDP wrapper: ranks may hold shards of different
-    sizes, and DDP's forward would expect every rank to call it equally often.
-    """
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        logits = model(x)
-        totals[0] += F.cross_entropy(logits, y, reduction="sum").double()
-        totals[1] += (logits.argmax(dim=1) == y).sum()
-        totals[2] += len(y)
-    if dist.is_initialized():
-        dist.all_reduce(totals)
-    loss_sum, correct, count = totals.tolist()
-    return {"test_loss": loss_sum / max(count, 1), "test_acc": correct / max(count, 1), "test_samples": int(count)}
 
 
 def maybe_fail(config: TrainConfig, step: int, rank: int, world_size: int, attempt: int) -> None:
