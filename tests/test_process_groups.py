@@ -51,11 +51,12 @@ def test_a_missing_variable_is_named_in_the_error():
 
 def test_without_a_backend_torch_registers_the_default_for_the_accelerator():
     result = spawn(pg.without_a_backend, 1, init_process_group=False, timeout=60)[0]
-    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    # torch's documented table: gloo for the CPU, nccl for CUDA; one pair, not "cpu:gloo,cuda:nccl"
-    assert result["backend_config"] == ("cuda:nccl" if has_gpu else "cpu:gloo")
-    assert result["device"] == ("cuda" if has_gpu else "cpu")
-    assert result["sum"] == 1.0
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    device = "cpu" if accelerator is None else accelerator.type
+    # torch's documented defaults, written out; one pair, not "cpu:gloo,cuda:nccl" as before torch 2.6
+    documented = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl", "mps": "gloo"}
+    assert result["device"] == device
+    assert result["backend_config"] == f"{device}:{documented[device]}"
 
 
 @pytest.mark.parametrize("gpus, procs", [(0, 1), (0, 2), (1, 1), (1, 2), (2, 2), (2, 4), (4, 2), (8, 8)])
