@@ -101,3 +101,21 @@ def test_saved_run_of_notebook_12_is_strict_json_and_consistent():
     assert {"collectives", "dp"} <= set(by_name)
     _check_collective_rows(by_name["collectives"]["rows"], [2, 4], num_sizes=6)
     assert all(r["samples_per_s"] > 0 for r in by_name["dp"]["rows"])
+
+
+def test_ddp_plot_labels_each_bar_readably():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ddp_tutorial.bench import ddp
+    from ddp_tutorial.bench.common import Result
+
+    names = ["no communication (floor)", "torch DDP", "BucketedDDP", "FlatDDP", "NaiveDDP"]
+    result = Result("ddp", ["model", "best ms/step"], [{"model": n, "best ms/step": 1.0} for n in names], {}, [])
+    fig, ax = plt.subplots()
+    ddp.plot(result, ax)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    plt.close(fig)
+    assert labels == ["floor\n(no comm.)", "torch\nDDP", "BucketedDDP", "FlatDDP", "NaiveDDP"]

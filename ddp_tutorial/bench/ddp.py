@@ -220,7 +220,11 @@ def run(args: argparse.Namespace) -> Result:
     )
 
 
+# Bar labels: a row's name, shortened where it is long (its first word alone would read "no").
+SHORT_LABELS = {"no communication (floor)": "floor\n(no comm.)", "torch DDP": "torch\nDDP"}
+
+
 def plot(result: Result, ax) -> None:
-    ax.bar([r["model"].split(" ")[0] for r in result.rows], [r["best ms/step"] for r in result.rows])
+    ax.bar([SHORT_LABELS.get(r["model"], r["model"]) for r in result.rows], [r["best ms/step"] for r in result.rows])
     ax.set_ylabel("ms per step")
     ax.set_title("DDP step time, ~1M params")
