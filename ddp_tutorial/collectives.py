@@ -151,15 +151,15 @@ def run_all(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> 
 # The flat forms' names: torch 2.13 renamed all_gather_into_tensor to all_gather_single and
 # reduce_scatter_tensor to reduce_scatter_single (the old names still work, with a
 # FutureWarning); older releases have only the old names. Use whichever this torch has.
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def all_gather_flat(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> Holding:
     """``all_gather_into_tensor``: every rank's tensor into ONE flat output, rank r's at [r*numel, (r+1)*numel)."""
     x = rank_data(rank, numel, dtype, rank_device())
     out = torch.empty(world_size * numel, dtype=dtype, device=x.device)  # no list, no torch.cat
-    _all_gather_single(out, x)  # every rank must send the same numel
+    all_gather_single(out, x)  # every rank must send the same numel
     return x.tolist(), out.tolist()
 
 
@@ -168,7 +168,7 @@ def reduce_scatter_flat(rank: int, world_size: int, numel: int = 2, dtype=torch.
     """``reduce_scatter_tensor``: ONE flat input of ``world_size * numel``; rank r keeps reduced part r."""
     x = rank_data(rank, world_size * numel, dtype, rank_device())
     out = torch.empty(numel, dtype=dtype, device=x.device)  # the parts are equal: numel each
-    _reduce_scatter_single(out, x, op=op)
+    reduce_scatter_single(out, x, op=op)
     return x.tolist(), out.tolist()
 
 

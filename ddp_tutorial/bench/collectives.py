@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.bench.common import Result
+from ddp_tutorial.collectives import all_gather_single, reduce_scatter_single  # this torch's names
 from ddp_tutorial.launch import spawn
 
 HELP = "time, algbw, busbw of every collective over sizes and world sizes, with an alpha-beta fit"
@@ -57,8 +58,8 @@ def _call(op: str, nbytes: int, rank: int, n: int, device: torch.device) -> Call
         "all_reduce": lambda: dist.all_reduce(full),
         "broadcast": lambda: dist.broadcast(full, src=0),
         "reduce": lambda: dist.reduce(full, dst=0),
-        "all_gather": lambda: dist.all_gather_into_tensor(full, chunk),
-        "reduce_scatter": lambda: dist.reduce_scatter_tensor(chunk, full),
+        "all_gather": lambda: all_gather_single(full, chunk),
+        "reduce_scatter": lambda: reduce_scatter_single(chunk, full),
         "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(full), full),
         "gather": lambda: dist.gather(chunk, pieces if rank == 0 else None, dst=0),
         "scatter": lambda: dist.scatter(chunk, pieces if rank == 0 else None, src=0),

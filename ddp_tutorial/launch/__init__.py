@@ -8,9 +8,10 @@
     [1.0, 1.0]
 
 Why not ``torch.multiprocessing.spawn``? Three reasons a notebook feels:
-- Jupyter does not show what child processes print; here every rank's output is
-  captured, shown while the ranks run, and re-printed by the parent as
-  ``[rank N] ...``, in rank order, when they are done.
+- What child processes print reaches a notebook mixed up, in whichever cell is
+  running when it arrives (and not at all on Windows or under nbval); here every
+  rank's output is captured, shown while the ranks run, and re-printed by the
+  parent as ``[rank N] ...``, in rank order, when they are done.
 - Each ``mp.spawn`` child imports torch from scratch (seconds). Here children are
   forked from a *forkserver* that imported torch once, so a warm launch costs tens
   of milliseconds (``python -m ddp_tutorial.bench launch`` measures it).
