@@ -164,7 +164,10 @@ def rank_device(group: dist.ProcessGroup | None = None) -> torch.device:
     when it serves CUDA, else the CPU. Every lesson that puts tensors through a collective uses it
     (``03_point_to_point``, ``04_collectives``, ``06_ddp_spawn``, ...).
     """
-    return choose_device(local_rank(), dist.get_backend(group))
+    backend = dist.get_backend(group)
+    if backend == "undefined":  # a group made without a backend (torch 2.6+): "cuda:nccl", "cpu:gloo"
+        backend = str(dist.get_backend_config(group))
+    return choose_device(local_rank(), backend)
 
 
 def whole_lines(*streams: TextIO) -> None:

@@ -259,3 +259,16 @@ def test_a_gpu_rank_binds_its_group_to_its_own_gpu():
     assert bound_device(choose_device(3, "nccl", cuda_devices=4)) == torch.device("cuda", 3)
     assert bound_device(choose_device(0, "gloo", cuda_devices=4)) is None
     assert bound_device(torch.device("cpu")) is None
+
+
+def test_a_group_made_without_a_backend_serves_what_its_config_says():
+    # torch 2.6+: init_process_group() without a backend registers its accelerator's default;
+    # get_backend() then says "undefined" and only the config ("cuda:nccl") names it.
+    assert choose_device(1, "cuda:nccl", cuda_devices=2) == torch.device("cuda", 1)
+    assert choose_device(1, "cpu:gloo", cuda_devices=2) == torch.device("cpu")
+    # and rank_device really reads the config of such a group: a world of one, no backend
+    import portable_workers as pw
+    [(backend, config, device)] = spawn(pw.device_of_a_group_without_backend, 1, init_process_group=False,
+                                        timeout=60)
+    assert backend == "undefined" and config in ("cpu:gloo", "cuda:nccl")
+    assert device == str(choose_device(0, config))  # "cuda:0" on a GPU machine
