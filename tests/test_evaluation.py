@@ -30,7 +30,7 @@ def _close(a: dict, b: dict) -> bool:
 
 @pytest.mark.timeout(120)
 def test_every_way_of_evaluating_against_one_process_scoring_everything():
-    results = spawn(evaluation_worker, 2, timeout=90, quiet=True)
+    results = spawn(evaluation_worker, 2, backend="gloo", timeout=90, quiet=True)  # CPU: exact comparison
     n = len(digits(0).test)  # 359: not a multiple of 2
     reference = _one_process()
     truth = as_metrics(reference)
@@ -57,7 +57,7 @@ def test_every_way_of_evaluating_against_one_process_scoring_everything():
 def test_trained_weights_are_scored_like_one_process():
     torch.manual_seed(1)
     weights = {k: v + 0.01 * torch.randn_like(v) for k, v in build_model("cnn", 1, 10).state_dict().items()}
-    results = spawn(evaluation_worker, 2, args=(weights,), timeout=90, quiet=True)
+    results = spawn(evaluation_worker, 2, args=(weights,), backend="gloo", timeout=90, quiet=True)
     model = build_model("cnn", 1, 10)
     model.load_state_dict(weights)
     truth = as_metrics(score(model, DataLoader(digits(0).test, batch_size=512), torch.device("cpu")))
