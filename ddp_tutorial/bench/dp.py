@@ -134,8 +134,9 @@ def run(args: argparse.Namespace) -> Result:
                 "DDP throughput / single-process throughput": ddp / single},
         notes=["DataParallel replicates the model and gathers outputs every step, and its threads "
                "share one Python interpreter (the GIL); DDP pays one gradient all-reduce per step.",
-               f"cores_used: CPU seconds per wall second of all its threads/processes (at most {n}); "
-               "well below that, other jobs had the cores"],
+               f"cores_used: CPU seconds per wall second of all its threads/processes (at most {n}). "
+               "DataParallel near 1: its threads take turns holding the GIL; DDP below "
+               f"{n}: its processes wait for the all-reduce, which on few cores cannot overlap compute"],
     )
 
 
