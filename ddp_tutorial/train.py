@@ -40,7 +40,7 @@ from ddp_tutorial.models import TRAIN_MODELS, build_model
 from ddp_tutorial.multinode import exit_on_sigterm
 from ddp_tutorial.reproducibility import deterministic_for, seed_everything
 
-__all__ = ["TrainConfig", "ConfigError", "train", "maybe_fail", "seed_everything", "default_model", "main"]
+__all__ = ["TrainConfig", "ConfigError", "train", "fit", "progress", "maybe_fail", "seed_everything", "default_model", "main"]
 
 DEFAULT_MODEL = {"digits": "cnn", "fake": "cnn", "cifar10": "resnet18"}
 FAILURE_EXIT_CODE = 13
@@ -153,13 +153,13 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
             if (info.rank, info.world_size) != (rank, world_size):
                 raise RuntimeError(f"environment says rank {info.rank} of {info.world_size}, "
                                    f"caller says {rank} of {world_size}")
-            return _fit(config, rank, world_size, device, info.restart_count)
+            return fit(config, rank, world_size, device, info.restart_count)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
-def _fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int) -> dict:
+def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int) -> dict:
     setup = build(config, rank, world_size, device)
     log = print if (rank == 0 and config.log) else (lambda *a, **k: None)
     if setup.start_epoch:
