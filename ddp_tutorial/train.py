@@ -40,7 +40,8 @@ from ddp_tutorial.models import TRAIN_MODELS, build_model
 from ddp_tutorial.multinode import exit_on_sigterm
 from ddp_tutorial.reproducibility import deterministic_for, seed_everything
 
-__all__ = ["TrainConfig", "ConfigError", "train", "fit", "progress", "maybe_fail", "seed_everything", "default_model", "main"]
+__all__ = ["TrainConfig", "ConfigError", "train", "fit", "progress", "maybe_fail", "seed_everything",
+           "default_model", "main"]
 
 DEFAULT_MODEL = {"digits": "cnn", "fake": "cnn", "cifar10": "resnet18"}
 FAILURE_EXIT_CODE = 13
