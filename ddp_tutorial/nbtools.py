@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 
 def show_source(*objects: Any) -> None:
@@ -26,17 +26,22 @@ def show_source(*objects: Any) -> None:
     print(text)
 
 
-def rounded(value: Any, digits: int = 4) -> Any:
-    """Round floats (also inside lists, tuples, dicts and tensors) so outputs compare across machines."""
+def each_float(value: Any, fn: Callable[[float], float]) -> Any:
+    """Apply ``fn`` to every float, also inside lists, tuples, dicts and tensors."""
     if isinstance(value, float):
-        return round(value, digits) + 0.0  # + 0.0 turns -0.0 into 0.0
+        return fn(value) + 0.0  # + 0.0 turns -0.0 into 0.0
     if isinstance(value, dict):
-        return {k: rounded(v, digits) for k, v in value.items()}
+        return {k: each_float(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(rounded(v, digits) for v in value)
+        return type(value)(each_float(v, fn) for v in value)
     if hasattr(value, "tolist") and hasattr(value, "dtype"):
-        return rounded(value.tolist(), digits)
+        return each_float(value.tolist(), fn)
     return value
+
+
+def rounded(value: Any, digits: int = 4) -> Any:
+    """Round floats (also inside lists, tuples, dicts and tensors) to ``digits`` decimals."""
+    return each_float(value, lambda x: round(x, digits))
 
 
 def significant(value: Any, digits: int = 3) -> Any:
@@ -45,15 +50,7 @@ def significant(value: Any, digits: int = 3) -> Any:
     A loss printed as 0.0241 on one CPU is 0.02412 or 0.02409 on another: float sums are
     reordered by each vector ISA's kernels. Print what the lesson needs, assert the rest.
     """
-    if isinstance(value, float):
-        return float(f"{value:.{digits}g}") + 0.0
-    if isinstance(value, dict):
-        return {k: significant(v, digits) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(significant(v, digits) for v in value)
-    if hasattr(value, "tolist") and hasattr(value, "dtype"):
-        return significant(value.tolist(), digits)
-    return value
+    return each_float(value, lambda x: float(f"{x:.{digits}g}"))
 
 
 def error_summary(error: BaseException, *phrases: str) -> str:

@@ -18,17 +18,9 @@ import pytest
 import launch_workers as w
 from ddp_tutorial.launch import (LaunchSpec, TorchrunError, TorchrunResult, WorkerError, WorkerTimeout, spawn,
                                  torchrun, torchrun_command)
+from ddp_tutorial.pitfalls.strays import alive  # a process that exists and is not a zombie
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def assert_all_gone(pids, within: float = 3.0) -> None:

@@ -17,20 +17,12 @@ import pytest
 import launch_workers as w
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.launch.output import RankOutput, in_progress
+from ddp_tutorial.pitfalls.strays import alive  # a process that exists and is not a zombie
 
 pytestmark = pytest.mark.timeout(180)
 
 TESTS = Path(__file__).parent
 TICKS = 6  # seconds the ticking worker runs: one line per rank per second
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 # ---- a real Jupyter kernel ---------------------------------------------------------------
