@@ -41,7 +41,7 @@ def _listed(x: torch.Tensor | None) -> Optional[list]:
     return None if x is None else x.tolist()
 
 
-def broadcast(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
+def broadcast(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32,
               src: int = 0) -> Holding:
     """Rank ``src``'s tensor is copied to every rank (DDP does this to the initial weights)."""
     x = rank_data(rank, numel, dtype, rank_device())
@@ -50,7 +50,7 @@ def broadcast(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
     return before, x.tolist()
 
 
-def scatter(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
+def scatter(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32,
             src: int = 0) -> Holding:
     """Rank ``src`` cuts its data into ``world_size`` chunks; rank i receives chunk i."""
     chunks = None
@@ -61,7 +61,7 @@ def scatter(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
     return _listed(torch.cat(chunks) if chunks else None), out.tolist()
 
 
-def gather(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
+def gather(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32,
            dst: int = 0) -> Holding:
     """Every rank's tensor lands, in rank order, on rank ``dst`` only."""
     x = rank_data(rank, numel, dtype, rank_device())
@@ -70,8 +70,8 @@ def gather(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
     return x.tolist(), _listed(torch.cat(bucket) if bucket else None)
 
 
-def reduce(rank: int, world_size: int, numel: int = 2, dtype=torch.float32, dst: int = 0,
-           op=ReduceOp.SUM) -> Holding:
+def reduce(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32, dst: int = 0,
+           op: ReduceOp = ReduceOp.SUM) -> Holding:
     """The element-wise ``op`` of all tensors, on rank ``dst`` only (the others' tensors are scratch)."""
     x = rank_data(rank, numel, dtype, rank_device())
     before = x.tolist()
@@ -79,8 +79,8 @@ def reduce(rank: int, world_size: int, numel: int = 2, dtype=torch.float32, dst:
     return before, x.tolist() if rank == dst else None
 
 
-def all_reduce(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
-               op=ReduceOp.SUM) -> Holding:
+def all_reduce(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32,
+               op: ReduceOp = ReduceOp.SUM) -> Holding:
     """The element-wise ``op`` of all tensors, on every rank (DDP's gradient averaging)."""
     x = rank_data(rank, numel, dtype, rank_device())
     before = x.tolist()
@@ -88,7 +88,7 @@ def all_reduce(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
     return before, x.tolist()
 
 
-def all_gather(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> Holding:
+def all_gather(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32) -> Holding:
     """Every rank ends with every rank's tensor, in rank order (ZeRO-3/FSDP rebuild weights so)."""
     x = rank_data(rank, numel, dtype, rank_device())
     out = [torch.empty_like(x) for _ in range(world_size)]
@@ -96,8 +96,8 @@ def all_gather(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) 
     return x.tolist(), torch.cat(out).tolist()
 
 
-def reduce_scatter(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
-                   op=ReduceOp.SUM) -> Holding:
+def reduce_scatter(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32,
+                   op: ReduceOp = ReduceOp.SUM) -> Holding:
     """Reduce, but rank i keeps only part i of the result (ZeRO's gradient step). Parts may be uneven."""
     x = rank_data(rank, numel, dtype, rank_device())
     parts = [x[a:b] for a, b in segment_bounds(numel, world_size)]
@@ -106,7 +106,7 @@ def reduce_scatter(rank: int, world_size: int, numel: int = 2, dtype=torch.float
     return x.tolist(), out.tolist()
 
 
-def all_to_all(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> Holding:
+def all_to_all(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32) -> Holding:
     """Part j of rank i's tensor goes to rank j: a transpose across ranks (MoE token routing)."""
     x = rank_data(rank, numel, dtype, rank_device())
     sizes = [b - a for a, b in segment_bounds(numel, world_size)]
@@ -137,13 +137,13 @@ def all_gather_uneven(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
     return [t[:int(n.item())] for t, n in zip(out, lengths)]
 
 
-def ragged_all_gather(rank: int, world_size: int, dtype=torch.float32) -> Holding:
+def ragged_all_gather(rank: int, world_size: int, dtype: torch.dtype = torch.float32) -> Holding:
     """Rank r holds r + 1 values; everyone ends with all of them (a worker for ``all_gather_uneven``)."""
     x = rank_data(rank, rank + 1, dtype, rank_device())
     return x.tolist(), torch.cat(all_gather_uneven(x)).tolist()
 
 
-def run_all(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> dict:
+def run_all(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32) -> dict:
     """Every collective in turn (one launch for the notebook's pictures): name -> (before, after)."""
     return {name: fn(rank, world_size, numel, dtype) for name, fn in COLLECTIVES.items()}
 
@@ -155,7 +155,7 @@ all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def all_gather_flat(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> Holding:
+def all_gather_flat(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32) -> Holding:
     """``all_gather_into_tensor``: every rank's tensor into ONE flat output, rank r's at [r*numel, (r+1)*numel)."""
     x = rank_data(rank, numel, dtype, rank_device())
     out = torch.empty(world_size * numel, dtype=dtype, device=x.device)  # no list, no torch.cat
@@ -163,8 +163,8 @@ def all_gather_flat(rank: int, world_size: int, numel: int = 2, dtype=torch.floa
     return x.tolist(), out.tolist()
 
 
-def reduce_scatter_flat(rank: int, world_size: int, numel: int = 2, dtype=torch.float32,
-                        op=ReduceOp.SUM) -> Holding:
+def reduce_scatter_flat(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32,
+                        op: ReduceOp = ReduceOp.SUM) -> Holding:
     """``reduce_scatter_tensor``: ONE flat input of ``world_size * numel``; rank r keeps reduced part r."""
     x = rank_data(rank, world_size * numel, dtype, rank_device())
     out = torch.empty(numel, dtype=dtype, device=x.device)  # the parts are equal: numel each
@@ -172,7 +172,7 @@ def reduce_scatter_flat(rank: int, world_size: int, numel: int = 2, dtype=torch.
     return x.tolist(), out.tolist()
 
 
-def flat_and_list(rank: int, world_size: int, numel: int = 2, dtype=torch.float32) -> dict:
+def flat_and_list(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = torch.float32) -> dict:
     """The flat forms next to the list forms, on the same inputs: name -> (before, after)."""
     return {"all_gather": all_gather(rank, world_size, numel, dtype),
             "all_gather_flat": all_gather_flat(rank, world_size, numel, dtype),

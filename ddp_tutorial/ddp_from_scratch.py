@@ -22,6 +22,7 @@ import argparse
 import copy
 import time
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -53,7 +54,7 @@ class FromScratchDDP(nn.Module):
             # Fires once per backward, after all uses of p have been summed into p.grad.
             p.register_post_accumulate_grad_hook(partial(self._hook, i))
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         # E.g. BatchNorm statistics: rank 0's win, as in torch DDP. Simplified: we skip it under
         # no_grad; torch DDP goes by the *previous* forward's grad mode, so its first no_grad
         # forward after training still broadcasts. Evaluate on one rank with ddp.module(x).
@@ -170,7 +171,7 @@ class BucketedDDP(FromScratchDDP):
         if self.record_events:
             self.events.append((kind, index, time.perf_counter()))
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         self.events = []
         return super().forward(*args, **kwargs)
 

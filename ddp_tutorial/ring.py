@@ -82,7 +82,8 @@ def _check(tensor: torch.Tensor, op) -> None:
         raise TypeError(f"ReduceOp.{op.name} has no meaning for complex numbers ({tensor.dtype})")
 
 
-def ring_all_reduce(tensor: torch.Tensor, op=ReduceOp.SUM, group=None) -> torch.Tensor:
+def ring_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
+                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """All-reduce ``tensor`` in place (same result as ``dist.all_reduce``) and return it.
 
     Chunked reduce-scatter then all-gather over ``isend``/``irecv`` around the ring
@@ -131,7 +132,7 @@ def ring_all_reduce_flat(flat: torch.Tensor, op: ReduceOp, group: dist.ProcessGr
     slots = [torch.empty(min(piece, bounds[0][1] - bounds[0][0]), dtype=flat.dtype,
                          device=flat.device) for _ in range(depth + 1)]
 
-    def post(i: int):
+    def post(i: int) -> tuple[torch.Tensor, dist.Work]:
         _, a, b = jobs[i]
         into = slots[i % len(slots)][:b - a] if i < reducing_jobs else flat[a:b]
         return into, dist.irecv(into, src=left, group=group)

@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
@@ -133,7 +134,7 @@ def maybe_fail(config: TrainConfig, step: int, rank: int, world_size: int, attem
         os._exit(FAILURE_EXIT_CODE)  # like a killed process: no clean-up, no exception to catch
 
 
-def progress(loader: DataLoader, rank: int, desc: str):
+def progress(loader: DataLoader, rank: int, desc: str) -> Iterable:
     if rank != 0:
         return loader
     from tqdm.auto import tqdm
