@@ -16,6 +16,9 @@ the same cores that run backward (copies into socket buffers, the TCP stack, glo
 threads), so it competes with backward instead of running beside it. The gain appears
 when the data is moved by other hardware: a NIC's DMA engine, NVLink, or NCCL's kernels on
 a GPU's own streams and SMs while the compute kernels run.
+
+``timeline`` shows the overlap itself: a recorded ``BucketedDDP`` backward, when each
+gradient became ready and when each bucket's all-reduce started and finished.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddp_tutorial.ddp_from_scratch import WRAPPERS, make_model
+from ddp_tutorial.ddp_from_scratch import WRAPPERS, BucketedDDP, make_model
 from ddp_tutorial.env import rank_device
 
-__all__ = ["RUNGS", "wrap_rung", "message_sizes", "exposed_communication"]
+__all__ = ["RUNGS", "wrap_rung", "message_sizes", "stepper", "rank_batch", "exposed_communication", "timeline"]
 
 RUNGS = ("naive", "flat", "bucketed", "torch")
 
@@ -68,7 +71,8 @@ def message_sizes(kind: str, ddp: nn.Module, step) -> list[int]:
     return sizes
 
 
-def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+def stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    """A function that runs one training step of ``model`` on ``(x, y)``: forward, backward, SGD update."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
     def step() -> None:
@@ -78,6 +82,13 @@ def _stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     return step
 
 
+def rank_batch(rank: int, n_in: int, n_out: int, batch_size: int, seed: int, device: torch.device):
+    """This rank's random ``(x, y)`` for a model of ``n_in`` inputs and ``n_out`` outputs."""
+    gen = torch.Generator().manual_seed(seed + rank)
+    return (torch.randn(batch_size, n_in, generator=gen).to(device),
+            torch.randn(batch_size, n_out, generator=gen).to(device))
+
+
 def exposed_communication(rank: int, world_size: int, kinds: tuple[str, ...] = RUNGS, steps: int = 3,
                           repeat: int = 15, batch_size: int = 32, seed: int = 0) -> dict[str, dict[str, float]]:
     """Best seconds of ``step``, ``local`` and ``comm`` (see the module) for each wrapper, on ``DeepMLP`` (~1M)."""
@@ -85,14 +96,12 @@ def exposed_communication(rank: int, world_size: int, kinds: tuple[str, ...] = R
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     alone = [dist.new_group([r]) for r in range(world_size)][rank]  # every rank creates every group
     base, (n_in, n_out) = make_model("big", seed)
-    gen = torch.Generator().manual_seed(seed + rank)
-    x = torch.randn(batch_size, n_in, generator=gen).to(device)
-    y = torch.randn(batch_size, n_out, generator=gen).to(device)
+    x, y = rank_batch(rank, n_in, n_out, batch_size, seed, device)
     runs, messages = {}, {}
     for kind in kinds:
         ddp = wrap_rung(kind, copy.deepcopy(base).to(device))
-        runs[(kind, "step")] = _stepper(ddp, x, y)
-        runs[(kind, "local")] = _stepper(wrap_rung(kind, copy.deepcopy(base).to(device), alone), x, y)
+        runs[(kind, "step")] = stepper(ddp, x, y)
+        runs[(kind, "local")] = stepper(wrap_rung(kind, copy.deepcopy(base).to(device), alone), x, y)
         messages[kind] = [torch.zeros(n, device=device) for n in message_sizes(
             kind, ddp, lambda m: nn.functional.mse_loss(m(x), y).backward())]
     for kind in kinds:  # the same messages, back to back, nothing to overlap with
@@ -111,3 +120,31 @@ def exposed_communication(rank: int, world_size: int, kinds: tuple[str, ...] = R
     gc.collect()
     return {kind: {what: best[(kind, what)] for what in ("step", "local", "comm")} | {
         "messages": len(messages[kind])} for kind in kinds}
+
+
+def timeline(rank: int, world_size: int, bucket_cap_mb: float = 1.0, batch_size: int = 32,
+             num_steps: int = 10, seed: int = 0) -> dict:
+    """A recorded BucketedDDP backward: when each gradient was ready, when each bucket's all-reduce
+    started and finished, in seconds from the start of backward. Of ``num_steps`` steps the one
+    that was slowest on no rank is kept: the least disturbed by other programs."""
+    device = rank_device()
+    model, (n_in, n_out) = make_model("big", seed)
+    ddp = BucketedDDP(model.to(device), bucket_cap_mb=bucket_cap_mb, record_events=True)
+    x, y = rank_batch(rank, n_in, n_out, batch_size, seed, device)
+    records = []
+    for step in range(2 + num_steps):  # 2 warm-up steps
+        loss = nn.functional.mse_loss(ddp(x), y)
+        dist.barrier()
+        start = time.perf_counter()
+        loss.backward()
+        end = time.perf_counter()
+        if step >= 2:
+            records.append((end - start, [(kind, index, t - start) for kind, index, t in ddp.events]))
+    slowest = torch.tensor([r[0] for r in records], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    backward, events = records[int(slowest.argmin())]
+    result = {"events": events, "backward": backward, "buckets": ddp.buckets,
+              "names": [name for name, _ in model.named_parameters()]}
+    del ddp
+    gc.collect()
+    return result

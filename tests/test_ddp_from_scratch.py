@@ -10,9 +10,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ddp_tutorial.bench.ddp import wrap, fit_overhead_model, timeline
+from ddp_tutorial.bench.ddp import wrap
+from ddp_tutorial.buckets import fit_overhead_model
 from ddp_tutorial.ddp_from_scratch import WRAPPERS, assign_buckets, compare_with_torch_ddp, make_model
 from ddp_tutorial.launch import spawn
+from ddp_tutorial.overlap import timeline
 
 TOL = 1e-6
 

@@ -107,7 +107,7 @@ def plot_ring_steps(states: list, axes: Sequence[Axes] | None = None) -> Sequenc
 
 
 def plot_busbw(rows: list, ax: Axes, memcpy_gbps: float | None = None) -> Axes:
-    """Bus bandwidth over message size from ``bench.allreduce.sweep`` rows, one line per (impl, world_size)."""
+    """Bus bandwidth over message size from ``busbw.sweep`` rows, one line per (impl, world_size)."""
     for i, n in enumerate(sorted({row["world_size"] for row in rows})):
         mine = sorted((r for r in rows if r["world_size"] == n), key=lambda r: r["bytes"])
         sizes = [r["bytes"] for r in mine]

@@ -80,7 +80,7 @@ def plot_stage_grid(results: list, ax: Axes | None = None) -> Axes:
 
 
 def plot_overlap_timeline(timelines: list, ax: Axes | None = None, title: str = "") -> Axes:
-    """``bench.ddp.timeline`` results (one per rank): for each rank a lane of gradients becoming
+    """``overlap.timeline`` results (one per rank): for each rank a lane of gradients becoming
     ready during backward and a lane of bucket all-reduces (launch to done), same colour = same bucket."""
     import matplotlib.pyplot as plt
 
@@ -110,7 +110,7 @@ def plot_overlap_timeline(timelines: list, ax: Axes | None = None, title: str = 
 
 def plot_bucket_sweep(rows: list, latency: float, bandwidth: float, ax: Axes | None = None,
                       floor: float | None = None) -> Axes:
-    """``bench.ddp.bucket_sweep`` rows against bucket size: step time, communication alone, and the
+    """``buckets.bucket_sweep`` rows against bucket size: step time, communication alone, and the
     model ``buckets * latency + bytes / bandwidth`` with its fitted constants."""
     import matplotlib.pyplot as plt
 
