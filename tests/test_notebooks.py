@@ -72,3 +72,20 @@ def test_compared_outputs_do_not_depend_on_the_machine(path):
         assert not PATH.search(text), f"{where} prints a path: {PATH.search(text).group(0)}..."
         assert not DOUBLED.search(text), f"{where} doubles the rank prefix: {DOUBLED.search(text).group(0)}"
         assert "Traceback (most recent call last)" not in text, f"{where} stores a traceback"
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if not p.name.startswith("12_")], ids=lambda p: p.stem)
+def test_a_lesson_never_imports_the_benchmarks(path):
+    # DESIGN.md: lessons use lesson modules; bench/ measures them (lesson 12, the performance
+    # lab, reads the benchmarks' stored reference run on purpose).
+    for index, cell, _ in code_cells(path):
+        assert "ddp_tutorial.bench" not in "".join(cell["source"]), f"{path.name} cell {index} imports bench/"
+
+
+def test_no_lesson_module_imports_the_benchmarks():
+    package = Path(__file__).resolve().parents[1] / "ddp_tutorial"
+    for module in package.rglob("*.py"):
+        if "bench" in module.relative_to(package).parts:
+            continue
+        for line in module.read_text().splitlines():
+            assert not re.match(r"\s*(from|import) ddp_tutorial\.bench\b", line), f"{module.name}: {line.strip()}"
