@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,8 +30,11 @@ from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.model_parallel import toy_batch
 from ddp_tutorial.tensor_parallel import TOLERANCE, compare, make_mlp, one_process
 
-__all__ = ["mesh_device_type", "chunk_block", "local_block", "dtensor_worker", "tp_plan", "parallelize_worker",
-           "mesh_2d_worker", "train_one_process", "main"]
+if TYPE_CHECKING:  # torch.distributed.tensor is imported by the workers that use it
+    from torch.distributed.tensor import DTensor
+
+__all__ = ["mesh_device_type", "chunk_block", "local_block", "block_of", "dtensor_worker", "tp_plan",
+           "parallelize_worker", "mesh_2d_worker", "train_one_process", "main"]
 
 
 def mesh_device_type() -> str:
@@ -66,8 +69,9 @@ def local_block(global_shape: Sequence[int], placements: Sequence[str], coordina
     return tuple(shape), tuple(offset)
 
 
-def _block_of(tensor, full: torch.Tensor) -> dict:
-    """A DTensor's piece on this rank: its placements, shape and offset, checked against the data."""
+def block_of(tensor: DTensor, full: torch.Tensor) -> dict:
+    """``tensor``'s piece on this rank: placements, local shape and offset (from ``local_block``),
+    checked against the data: the piece must equal that block of ``full``, the whole tensor."""
     mesh = tensor.device_mesh
     placements = [str(p) for p in tensor.placements]
     local = tensor.to_local()
@@ -82,7 +86,7 @@ def dtensor_worker(rank: int, world_size: int, shape: tuple[int, int] = (4, 6)) 
     """One ``shape`` tensor of 0, 1, 2, ... distributed three ways over a 1-D mesh of all ranks.
 
     For each of ``Shard(0)``, ``Shard(1)``, ``Replicate()``: the local piece's values, and its
-    shape and offset from ``_block_of`` (which checks them against the values); and that
+    shape and offset from ``block_of`` (which checks them against the values); and that
     ``full_tensor()`` gives the whole back.
     """
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
@@ -91,13 +95,16 @@ def dtensor_worker(rank: int, world_size: int, shape: tuple[int, int] = (4, 6)) 
     full = torch.arange(shape[0] * shape[1], dtype=torch.float32, device=mesh.device_type).reshape(shape)
     pieces = {}
     for placement in (Shard(0), Shard(1), Replicate()):
-        dt = distribute_tensor(full, mesh, [placement])  # rank 0's full is the source: scattered
-        pieces[str(placement)] = {**_block_of(dt, full), "local": dt.to_local().cpu().tolist(),
+        dt = distribute_tensor(full, mesh, [placement])  # rank 0's tensor is the source, sent in pieces
+        pieces[str(placement)] = {**block_of(dt, full), "local": dt.to_local().cpu().tolist(),
                                   "round_trip": torch.equal(dt.full_tensor(), full)}
-    # DTensor's collectives run on the default group here: let every rank's last one finish
-    # before any rank leaves, so no rank tears its gloo connections down under a peer's send.
+    # DTensor's collectives are functional collectives: started at once, waited for when their
+    # result is first used. Every rank finishes its last one before any rank returns and the
+    # launcher destroys the group: a rank closing its gloo connections under a peer's collective
+    # can make that peer fail or abort at exit.
     dist.barrier()
-    return {"rank": rank, "mesh": mesh.mesh.tolist(), "coordinate": mesh.get_coordinate(), "pieces": pieces}
+    return {"rank": rank, "device_type": mesh.device_type, "mesh": mesh.mesh.tolist(),
+            "coordinate": mesh.get_coordinate(), "pieces": pieces}
 
 
 def tp_plan() -> dict:
@@ -128,7 +135,7 @@ def parallelize_worker(rank: int, world_size: int, hidden: int = 8, batch_size: 
     with CommDebugMode() as backward_comms:
         loss.backward()
     whole = dict(full.named_parameters())
-    blocks = {n: _block_of(p, whole[n]) for n, p in model.named_parameters()}
+    blocks = {n: block_of(p, whole[n]) for n, p in model.named_parameters()}
     dist.barrier()  # as in dtensor_worker: no rank leaves while a peer's collective may still run
     return {"rank": rank, "output": out.detach().cpu(), "input_grad": x.grad.cpu(),
             "grads": {n: p.grad.to_local().cpu() for n, p in model.named_parameters()},
@@ -175,7 +182,7 @@ def mesh_2d_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0
         dist.all_reduce(total, group=dp_group)
         losses.append(total.item() / dp_size)
     whole = {n: p.full_tensor() for n, p in model.named_parameters()}  # all-gathers over mesh["tp"]
-    blocks = {n: _block_of(p, whole[n]) for n, p in model.named_parameters()}
+    blocks = {n: block_of(p, whole[n]) for n, p in model.named_parameters()}
     dist.barrier()  # as in dtensor_worker: no rank leaves while a peer's collective may still run
     return {"rank": rank, "coordinate": dict(zip(("dp", "tp"), mesh.get_coordinate())),
             "tp_ranks": mesh["tp"].mesh.tolist(), "dp_ranks": mesh["dp"].mesh.tolist(), "losses": losses,
