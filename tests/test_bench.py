@@ -119,3 +119,24 @@ def test_ddp_plot_labels_each_bar_readably():
     labels = [t.get_text() for t in ax.get_xticklabels()]
     plt.close(fig)
     assert labels == ["floor\n(no comm.)", "torch\nDDP", "BucketedDDP", "FlatDDP", "NaiveDDP"]
+
+
+@pytest.mark.timeout(120)
+def test_sharding_tiny_run_meets_its_targets_and_matches_the_formulas():
+    from ddp_tutorial.bench import sharding
+    from ddp_tutorial.memory import STRATEGIES, TinyTransformer
+
+    result = sharding.run(_args(sharding, ["--vocab", "32", "--dim", "16", "--heads", "2", "--layers", "2"]))
+    psi = sum(p.numel() for p in TinyTransformer().parameters())
+    assert [(r["ranks"], r["strategy"]) for r in result.rows] == [
+        (n, s) for n in (1, 2, 4) for s in STRATEGIES + ("ZeRO-1 (torch)",)]
+    for row in result.rows:
+        if row["strategy"] in STRATEGIES:
+            assert row["total"] == row["formula"], row
+        assert row["vs DDP"] == pytest.approx(row["total"] / (16 * psi))
+    for key, target in sharding.TARGETS.items():
+        assert result.ratios[key] <= target, (key, result.ratios[key])
+    fsdp4 = next(r for r in result.rows if (r["ranks"], r["strategy"]) == (4, "FSDP2"))
+    assert fsdp4["total"] == 4 * psi and fsdp4["peak"] > fsdp4["total"]
+    assert result.notes[0].endswith(": met")
+    json.dumps(result.to_dict(), allow_nan=False)

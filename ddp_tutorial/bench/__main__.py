@@ -12,7 +12,7 @@ import sys
 import time
 
 # Subcommand -> module in this package. Each lesson's benchmark lives in its own module.
-SUBCOMMANDS = ["launch", "allreduce", "ddp", "pipeline", "collectives", "dp", "train"]
+SUBCOMMANDS = ["launch", "allreduce", "ddp", "pipeline", "collectives", "dp", "train", "sharding"]
 
 
 def _load(name: str):
