@@ -194,7 +194,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     args = parser.parse_args()
     with distributed() as (info, _):
-        result = hand_tp_worker(info.rank, info.world_size, args.hidden, args.batch_size)
+        try:
+            result = hand_tp_worker(info.rank, info.world_size, args.hidden, args.batch_size)
+        except ValueError as err:  # every rank refuses an uneven split, before any collective
+            raise SystemExit(f"tensor_parallel: {err}") from None
         results = [None] * info.world_size
         dist.all_gather_object(results, result)
     if info.is_main:
