@@ -1,0 +1,139 @@
+"""``check(name)``: run the learner's function on several world sizes and say, in one paragraph, what is wrong.
+
+The parent never runs the learner's code. It reads the file (a syntax error or an
+untouched stub is reported at once), then for each world size starts the ranks with
+``launch.spawn``; each rank imports the file afresh (``harness.load_function``) and
+runs the exercise's cases. A rank's report, an exception, or a timeout becomes one
+diagnosis naming the first wrong rank and what it got wrong, and, for a hang, the
+call each stuck rank is blocked in (``tracing.where_stuck``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddp_tutorial.exercises import workspace
+from ddp_tutorial.exercises.registry import get
+from ddp_tutorial.exercises.spec import Exercise
+from ddp_tutorial.exercises.tracing import where_stuck
+from ddp_tutorial.launch import WorkerError, WorkerTimeout, spawn
+
+DEFAULT_TIMEOUT = 20.0  # seconds per world size: a deadlock is reported after this
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """``passed``, and the one-paragraph ``message`` that explains it."""
+
+    name: str
+    passed: bool
+    message: str
+
+    def __str__(self) -> str:
+        return textwrap.fill(f"{'PASS' if self.passed else 'FAIL'} {self.message}", width=100,
+                             break_long_words=False, break_on_hyphens=False)
+
+
+def check(name: str, *, file: str | Path | None = None, solution: bool = False,
+          timeout: float = DEFAULT_TIMEOUT, quiet: bool = False) -> bool:
+    """Check exercise ``name``: the learner's copy, or ``file``, or the reference ``solution``; print the verdict."""
+    result = run_check(name, file=file, solution=solution, timeout=timeout)
+    if not quiet:
+        print(result)
+    return result.passed
+
+
+def run_check(name: str, *, file: str | Path | None = None, solution: bool = False,
+              timeout: float = DEFAULT_TIMEOUT) -> CheckResult:
+    """What ``check`` prints, as a ``CheckResult``."""
+    e = get(name)
+    if file is not None:
+        source = Path(file).expanduser().absolute()
+        if not source.is_file():
+            raise FileNotFoundError(f"no file {file}")
+        shown = workspace.shown(source)
+    elif solution:
+        source = workspace.solution_file(name)
+        shown = workspace.shown(source)
+    else:  # the learner's copy; under nbval the pristine stub in its place (workspace.fresh)
+        source = workspace.stub_file(name) if workspace.fresh() else workspace.learner_file(name)
+        shown = workspace.shown(workspace.learner_path(name))
+    fail = lambda text: CheckResult(name, False, f"exercise {e.number} ({e.name}), {shown}: {text}")  # noqa: E731
+    text = source.read_text(encoding="utf-8")
+    try:
+        ast.parse(text)
+    except SyntaxError as err:
+        return fail(f"line {err.lineno}: SyntaxError: {err.msg}. Fix it and check again")
+    if untouched(text, e.function):
+        return CheckResult(name, False, e.not_implemented(shown))
+    total = 0
+    for world_size in e.world_sizes:
+        with tempfile.TemporaryDirectory(prefix="ddp_tutorial_check_") as trace_dir:
+            try:
+                reports = spawn(e.worker, world_size, args=(str(source), e.function, trace_dir),
+                                timeout=timeout, init_process_group=e.init_process_group)
+            except WorkerTimeout as err:
+                return fail(hang(e, err, world_size, timeout, trace_dir))
+            except WorkerError as err:
+                if err.rank >= 0 and "NotImplementedError" in str(err).splitlines()[0]:
+                    return CheckResult(name, False, e.not_implemented(shown) + " (it still raises NotImplementedError)")
+                return fail(crash(err, world_size, source, trace_dir))
+        for rank, report in enumerate(reports):
+            if report["problem"] is not None:
+                return fail(f"rank {rank} of a world of {world_size}, case {report['case']}: {report['problem']}")
+        total += reports[0]["cases"]
+    sizes = ", ".join(map(str, e.world_sizes))
+    return CheckResult(name, True, f"exercise {e.number} ({e.name}), {shown}: all {total} cases right on world "
+                                   f"sizes {sizes}. Well done!")
+
+
+def hang(e: Exercise, err: WorkerTimeout, world_size: int, timeout: float, trace_dir: str) -> str:
+    """A timeout, explained: which ranks, in which case, blocked in which call."""
+    ranks = err.ranks
+    who = f"rank {ranks[0]} is" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} are"
+    case, _ = where_stuck(trace_dir, ranks[0])
+    where = [f"rank {r} is {what}" for r in ranks for what in [where_stuck(trace_dir, r)[1]] if what]
+    details = f" ({'; '.join(where)})" if where else ""
+    return (f"{who} still running after {timeout:g} s in a world of {world_size}"
+            f"{f', case {case}' if case else ''}{details}: {e.hang_hint}{'' if e.hang_hint[-1] in '.?!' else '.'}")
+
+
+def untouched(source: str, function: str) -> bool:
+    """True when ``function`` in ``source`` is still the stub: a docstring, then ``raise NotImplementedError``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) else node.body
+            return (len(body) == 1 and isinstance(body[0], ast.Raise) and isinstance(body[0].exc, ast.Call)
+                    and getattr(body[0].exc.func, "id", "") == "NotImplementedError")
+    return False
+
+
+TRACEBACK_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n(?P<code>[^\n]*)')
+
+
+def crash(err: WorkerError, world_size: int, source: Path, trace_dir: str) -> str:
+    """An exception in a rank, with the line of the learner's file it came from; or a rank that died."""
+    message = str(err).splitlines()[0].removeprefix(f"rank {err.rank} failed: ")
+    case, stuck = where_stuck(trace_dir, err.rank) if err.rank >= 0 else ("", "")
+    where = f"rank {err.rank} of a world of {world_size}{f', case {case}' if case else ''}"
+    if "before returning a result" in message:  # killed: no Python exception to show
+        code = re.search(r"code (-?\d+)", message)
+        died = f"{where} died (exit code {code[1] if code else '?'})"
+        call = stuck.removeprefix("stuck in ") if stuck.startswith("stuck in ") else ""
+        if "send" in call or "recv" in call:
+            return (f"{died} in {call}. On gloo a message larger than the receive buffer aborts the receiving "
+                    "process (its output says \"Received data size doesn't match expected size\"): do "
+                    "sender and receiver agree on which chunk travels, and on its size?")
+        return f"{died}{f' in {call}' if call else ''}: its output above says why."
+    frames = [m for m in TRACEBACK_LINE.finditer(err.remote_traceback) if Path(m["file"]) == source]
+    at = f" at line {frames[-1]['line']} ({frames[-1]['code'].strip()})" if frames else ""
+    return f"{where} raised {message}{at}."

@@ -1,0 +1,98 @@
+"""The rank side of a check: import the learner's file afresh, run the cases in lock-step, report.
+
+Every exercise's worker (in ``exercises.checks``) runs in each rank under
+``launch.spawn``. It loads the learner's function with ``load_function`` (from the
+file's current text: an edit counts at once, no kernel restart, no stale bytecode),
+then ``run_cases`` runs the cases one after another. After each case every rank says
+whether it saw a problem, and all stop together at the first case that failed
+anywhere: a rank that stopped alone would leave the others waiting for it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import types
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.tracing import Trace, original
+
+# (label, run): run() returns None when this rank's result is right, else what is wrong
+Case = tuple[str, Callable[[], "str | None"]]
+Report = dict[str, Any]
+
+_loaded = itertools.count()
+
+
+def load_function(source: str, function: str) -> Callable[..., Any]:
+    """Execute the file ``source`` as a new module and return its ``function``.
+
+    Compiled from the text on disk each time (no ``__pycache__``: a quick edit of
+    the same size within a second would otherwise load the old bytecode).
+    """
+    path = Path(source)
+    name = f"exercise_{path.stem}_{next(_loaded)}"
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module  # dataclasses and pickling look modules up by name
+    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), module.__dict__)
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise AttributeError(f"{path.name} defines no function {function}() (the checker calls it by that name)")
+    return fn
+
+
+def anyone_failed(failed: bool) -> bool:
+    """True on every rank when some rank failed (the checker's own all-reduce, never the learner's)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return failed
+    flag = torch.tensor([1.0 if failed else 0.0], device=rank_device())
+    original("all_reduce")(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def run_cases(trace: Trace, cases: Sequence[Case]) -> Report:
+    """Run ``cases`` in order; stop at the first that failed on any rank.
+
+    Returns ``{"cases": how many ran, "case": label of the failed one or None,
+    "problem": what this rank saw (None if it was right)}``.
+    """
+    for done, (label, run) in enumerate(cases, start=1):
+        trace.case(label)
+        problem = run()
+        trace.log("= case done")
+        if anyone_failed(problem is not None):
+            return {"cases": done, "case": label, "problem": problem}
+    return {"cases": len(cases), "case": None, "problem": None}
+
+
+def returned_in_place(name: str, result: Any, tensor: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """For in-place exercises: what is wrong with returning ``result`` for ``tensor`` (None: fine)."""
+    if result is tensor:
+        return None
+    if result is None:
+        return f"{name} returned None: return the tensor it was given (reduced in place)"
+    if isinstance(result, torch.Tensor) and torch.equal(result.cpu(), expected.cpu()):
+        return (f"{name} returned a new tensor with the right values, but the tensor it was given must hold "
+                "the result (in place, like dist.all_reduce): write into it and return it")
+    return f"{name} returned a {type(result).__name__}, not the tensor it was given"
+
+
+def same_values(got: Any, want: torch.Tensor) -> bool:
+    """Same shape, dtype and values (a result that is not a tensor never is)."""
+    return (isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype
+            and torch.equal(got.cpu(), want.cpu()))
+
+
+def describe_tensor(x: Any) -> str:
+    """Short and exact: the first values of a tensor, or what else ``x`` is."""
+    if not isinstance(x, torch.Tensor):
+        return f"a {type(x).__name__}"
+    flat = x.detach().reshape(-1).cpu()
+    values = [int(v) if float(v).is_integer() else v for v in flat[:6].tolist()]
+    return "[" + ", ".join(map(str, values)) + (", ...]" if flat.numel() > 6 else "]")

@@ -1,0 +1,52 @@
+"""Every exercise of the course, in lesson order, found by name."""
+
+from __future__ import annotations
+
+import difflib
+import textwrap
+
+from ddp_tutorial.exercises.checks import collectives, ddp_from_scratch, p2p, process_groups, ring
+from ddp_tutorial.exercises.spec import Exercise
+
+EXERCISES: dict[str, Exercise] = {
+    e.name: e for module in (process_groups, p2p, collectives, ring, ddp_from_scratch) for e in module.EXERCISES}
+
+
+class UnknownExercise(KeyError):
+    """No exercise has that name; the message suggests the closest."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def get(name: str) -> Exercise:
+    """The exercise called ``name`` (``UnknownExercise`` with a suggestion otherwise)."""
+    try:
+        return EXERCISES[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, EXERCISES, n=1)
+        maybe = f"; did you mean {close[0]!r}?" if close else ""
+        raise UnknownExercise(f"no exercise is called {name!r}{maybe} "
+                              "(python -m ddp_tutorial.exercises list)") from None
+
+
+def listing() -> str:
+    """A table of every exercise: number, lesson, level, name, title."""
+    rows = [("#", "lesson", "level", "name", "title")]
+    rows += [(e.number, e.notebook, e.level, e.name, e.title) for e in EXERCISES.values()]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows)
+
+
+def describe(name: str, learner_file: str) -> str:
+    """The exercise card: task, signature, file, hint, what the checker tests, how to check."""
+    e = get(name)
+    fields = [("task", e.task), ("write", e.signature()),
+              ("in", f"{learner_file} (its docstring is the full contract)"), ("hint", e.hint),
+              ("checked", f"on world sizes {', '.join(map(str, e.world_sizes))}; {e.checks}."),
+              ("check", f"check({e.name!r}) here, or python -m ddp_tutorial.exercises check {e.name}")]
+    lines = [f"Exercise {e.number} ({e.level}), lesson {e.notebook}: {e.title}"]
+    for label, text in fields:
+        lines.append(textwrap.fill(text, width=100, initial_indent=f"  {label + ':':<9}", subsequent_indent=" " * 11,
+                                   break_long_words=False, break_on_hyphens=False))
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""Exercise 7.1, reference solution: the bucketed DDP gradient hook, all-reduce and average.
+
+Each bucket owns one flat tensor; a parameter's gradient is divided by the world size
+straight into its slice of it (the sum of the shares is the mean, and the division
+happens while nothing waits). A counter per bucket says when its last gradient has
+arrived. Buckets are launched strictly in order: a bucket that fills early waits for
+the ones before it, because every rank must start the same collectives in the same
+order. ``finish`` waits for the all-reduces and copies the means back into ``.grad``.
+``ddp_from_scratch.BucketedDDP`` is the same idea inside a module, with unused
+parameters and buffers handled too.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+
+def bucketed_grad_hooks(params: list[torch.Tensor], buckets: list[list[int]]) -> Callable[[], None]:
+    """Average ``params``' gradients over all ranks, bucket by bucket while backward runs; return ``finish``.
+
+    ``buckets[b]`` lists indices into ``params``; the buckets hold every index once,
+    in the order backward produces the gradients (``ddp_from_scratch.assign_buckets``).
+    - Give each bucket one flat tensor (the sum of its parameters' numel, their dtype
+      and device) and each parameter its slice of it.
+    - Register a hook on every parameter: ``p.register_post_accumulate_grad_hook(hook)``
+      calls ``hook(p)`` once ``p.grad`` is final. Put ``p.grad / world_size`` into its slice.
+    - When the last gradient of bucket ``b`` is in, and buckets ``0 .. b-1`` have
+      started, start ONE all-reduce of the bucket's flat tensor with
+      ``dist.all_reduce(flat, async_op=True)`` (keep the handle): it runs while backward
+      computes the remaining gradients. Every rank starts the buckets in the same order.
+    - ``finish()``, which the caller runs after ``loss.backward()``, waits for every
+      handle, copies each parameter's slice back into ``p.grad`` and resets the
+      counters for the next backward.
+    """
+    world_size = dist.get_world_size()
+    flats, slices, bucket_of = [], {}, {}
+    for b, indices in enumerate(buckets):
+        first = params[indices[0]]
+        flat = torch.zeros(sum(params[i].numel() for i in indices), dtype=first.dtype, device=first.device)
+        offset = 0
+        for i in indices:
+            slices[i] = flat[offset:offset + params[i].numel()].view_as(params[i])
+            bucket_of[i] = b
+            offset += params[i].numel()
+        flats.append(flat)
+    missing = [len(indices) for indices in buckets]
+    works: list = []
+
+    def hook(index: int, param: torch.Tensor) -> None:
+        torch.div(param.grad, world_size, out=slices[index])
+        missing[bucket_of[index]] -= 1
+        while len(works) < len(buckets) and missing[len(works)] == 0:  # the next bucket in order is full
+            works.append(dist.all_reduce(flats[len(works)], async_op=True))
+
+    for i, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(lambda param, i=i: hook(i, param))
+
+    def finish() -> None:
+        for work in works:
+            work.wait()
+        for i, p in enumerate(params):
+            p.grad.copy_(slices[i])
+        works.clear()
+        missing[:] = [len(indices) for indices in buckets]
+
+    return finish

@@ -1,0 +1,52 @@
+"""Exercise 5.1, reference solution: the ring all-reduce, reduce-scatter then all-gather.
+
+``tensor_split`` cuts the flat tensor into ``world_size`` views whose sizes differ by at
+most one (empty ones when there are fewer elements than ranks), so any numel works and
+every rank agrees on the chunk sizes without a message. In reduce-scatter step ``t``
+rank ``r`` passes on chunk ``r - t``, which it has just added to, and adds what arrives
+into chunk ``r - t - 1``: after ``n - 1`` steps chunk ``r + 1`` holds every rank's
+contribution. The all-gather passes those finished chunks once more around the ring,
+copying instead of adding. Each rank sends ``2 (n - 1)`` chunks, ``2 (n - 1) / n`` of
+the tensor, whatever ``n`` is. ``ddp_tutorial.ring`` adds pipelining and every op.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks in place with a ring, and return it (what ``dist.all_reduce`` does).
+
+    Cut the flattened tensor (``tensor.view(-1)``; it is contiguous) into ``world_size``
+    chunks of nearly equal size: any numel, even fewer elements than ranks. With ``n``
+    ranks, ``right = (rank + 1) % n`` and ``left = (rank - 1) % n``:
+    - reduce-scatter, steps ``t = 0 .. n-2``: send chunk ``(rank - t) % n`` to the right,
+      receive a chunk from the left and add it into chunk ``(rank - t - 1) % n``;
+      afterwards chunk ``(rank + 1) % n`` holds the full sum;
+    - all-gather, steps ``t = 0 .. n-2``: send chunk ``(rank + 1 - t) % n`` to the right,
+      receive from the left straight into chunk ``(rank - t) % n``.
+    Only point-to-point messages between neighbours (``dist.isend``/``dist.irecv``, or
+    ``send``/``recv``); post each step's send and receive together so no rank waits for
+    one that is waiting too. ``dist.all_reduce`` and the other collectives are refused.
+    """
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if n == 1:
+        return tensor
+    chunks = tensor.view(-1).tensor_split(n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    arriving = torch.empty_like(chunks[0])  # chunk 0 is the largest
+
+    def step(send: int, into: torch.Tensor) -> None:
+        works = [dist.isend(chunks[send], dst=right), dist.irecv(into, src=left)]
+        for work in works:
+            work.wait()
+
+    for t in range(n - 1):  # reduce-scatter
+        target = chunks[(rank - t - 1) % n]
+        step((rank - t) % n, arriving[:target.numel()])
+        target.add_(arriving[:target.numel()])
+    for t in range(n - 1):  # all-gather
+        step((rank + 1 - t) % n, chunks[(rank - t) % n])
+    return tensor

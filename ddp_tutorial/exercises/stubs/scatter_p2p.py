@@ -1,0 +1,30 @@
+"""Exercise 4.1 (warm-up), lesson 04_collectives.ipynb: scatter from send and recv.
+
+Write scatter_p2p() below (its docstring says exactly what to do), then check it:
+    check("scatter_p2p")                                 in the notebook
+    python -m ddp_tutorial.exercises check scatter_p2p   from a shell
+The checker's ranks read this file afresh each time: an edit counts at once.
+A hint: python -m ddp_tutorial.exercises show scatter_p2p
+Start again from the stub: python -m ddp_tutorial.exercises reset scatter_p2p
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def scatter_p2p(out: torch.Tensor, chunks: list[torch.Tensor] | None, src: int = 0) -> torch.Tensor:
+    """``dist.scatter`` from point-to-point messages: rank ``src`` gives ``chunks[i]`` to rank ``i``.
+
+    On rank ``src``, ``chunks`` holds ``world_size`` tensors shaped like ``out``: send
+    ``chunks[i]`` to every other rank ``i`` (``dist.send`` or ``dist.isend``) and copy
+    its own ``chunks[src]`` into ``out`` (no message to itself). Every other rank is
+    given ``chunks=None`` and receives its chunk from ``src`` into ``out``
+    (``dist.recv``). Return ``out`` on every rank. Only point-to-point calls:
+    ``dist.scatter`` and the other collectives are refused.
+    """
+    # Your code here; the checker calls scatter_p2p(out, chunks, src) on every rank.
+    raise NotImplementedError(
+        'exercise 4.1 (scatter_p2p): not implemented yet: open my_exercises/scatter_p2p.py and '
+        'write it; lesson 04_collectives.ipynb explains it')

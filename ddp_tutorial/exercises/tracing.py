@@ -1,0 +1,148 @@
+"""Inside a checked rank: log every message the learner's code sends, refuse what it must not call.
+
+``traced(rank, trace_dir, forbid=..., record=...)`` replaces ``send``, ``recv``, ``isend``
+and ``irecv`` (in ``torch.distributed`` and in ``distributed_c10d``, so ``P2POp`` and
+``batch_isend_irecv`` see them too) by wrappers that write each call to
+``trace_dir/rank<R>.log`` before and after it runs. When a check times out, the parent
+reads the last line of each stuck rank (``where_stuck``): ``> recv from rank 0 (#3)``
+without its ``<`` line means the rank is blocked in that call. ``forbid`` names
+collectives that raise ``NotAllowed``; ``record`` names collectives logged like messages.
+The checker's own references call ``original(name)``, never the patched names.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+P2P = ("send", "recv", "isend", "irecv")
+SENDS = ("send", "isend")
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+               "broadcast", "scatter", "gather", "reduce", "all_to_all", "all_to_all_single",
+               "all_gather_object", "broadcast_object_list", "scatter_object_list", "gather_object")
+# Taken when this module is imported, before any patching.
+ORIGINALS = {name: getattr(c10d, name) for name in P2P + COLLECTIVES if hasattr(c10d, name)}
+
+
+class NotAllowed(RuntimeError):
+    """The learner's code called a collective that this exercise builds by hand."""
+
+
+def original(name: str) -> Callable[..., Any]:
+    """torch's own ``dist.<name>``, whatever is patched: for the checker's references."""
+    return ORIGINALS[name]
+
+
+@dataclass
+class Call:
+    kind: str  # "send", "irecv", "all_reduce", ...
+    peer: int | None  # the other rank of a message
+    numel: int
+    phase: str  # what the checker was doing: "backward", "after backward", ...
+    async_op: bool
+
+
+class Trace:
+    """This rank's log file and the calls of the current case."""
+
+    def __init__(self, rank: int, trace_dir: str):
+        self.file = open(os.path.join(trace_dir, f"rank{rank}.log"), "w", buffering=1)  # line by line
+        self.calls: list[Call] = []
+        self.phase = ""
+        self.depth = 0  # > 0 inside a traced call: send calls isend, which is not a second message
+
+    def case(self, label: str) -> None:
+        self.calls = []
+        self.log(f"case {label}")
+
+    def log(self, line: str) -> None:
+        self.file.write(line + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TracedWork:
+    """A work handle whose ``wait()`` is logged; everything else is the real handle's."""
+
+    def __init__(self, work: Any, trace: Trace, what: str):
+        self.work, self.trace, self.what = work, trace, what
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self.trace.log(f"> wait for {self.what}")
+        result = self.work.wait(*args, **kwargs)
+        self.trace.log(f"< wait for {self.what}")
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.work, name)
+
+
+def _wrap(trace: Trace, name: str, refuse: str | None) -> Callable[..., Any]:
+    fn = ORIGINALS[name]
+    signature = inspect.signature(fn)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if trace.depth:
+            return fn(*args, **kwargs)
+        if refuse is not None:
+            raise NotAllowed(f"dist.{name} is not allowed in this exercise: {refuse}")
+        bound = signature.bind(*args, **kwargs).arguments
+        tensor = bound.get("tensor", args[0] if args else None)
+        peer = next((bound[k] for k in ("dst", "src", "group_dst", "group_src") if bound.get(k) is not None), None)
+        trace.calls.append(Call(name, peer, getattr(tensor, "numel", lambda: 0)(), trace.phase,
+                                name in ("isend", "irecv") or bool(bound.get("async_op"))))
+        what = f"{name} {'to' if name in SENDS else 'from'} rank {peer}" if name in P2P else f"dist.{name}"
+        what += f" (#{len(trace.calls)})"
+        trace.log(f"> {what}")
+        trace.depth += 1
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            trace.depth -= 1
+        trace.log(f"< {what}")
+        return TracedWork(result, trace, what) if result is not None and hasattr(result, "wait") else result
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+@contextmanager
+def traced(rank: int, trace_dir: str, forbid: Sequence[str] = (), reason: str = "",
+           record: Sequence[str] = ()) -> Iterator[Trace]:
+    """Patch the messages (and ``forbid``/``record`` collectives) for the learner's code; undo after."""
+    trace = Trace(rank, trace_dir)
+    patches = {name: _wrap(trace, name, None) for name in P2P + tuple(record)}
+    patches.update({name: _wrap(trace, name, reason) for name in forbid if name in ORIGINALS})
+    saved = [(module, name, getattr(module, name)) for module in (dist, c10d) for name in patches]
+    for module, name, _ in saved:
+        setattr(module, name, patches[name])
+    try:
+        yield trace
+    finally:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
+        trace.close()
+
+
+def where_stuck(trace_dir: str, rank: int) -> tuple[str, str]:
+    """``(case, what)`` from a rank's log: the case it was in and the call it is blocked in ("" if none)."""
+    path = os.path.join(trace_dir, f"rank{rank}.log")
+    lines = open(path).read().splitlines() if os.path.exists(path) else []
+    case, last = "", ""
+    for line in lines:
+        if line.startswith("case "):
+            case, last = line[len("case "):], ""
+        else:
+            last = line
+    if last.startswith("> "):
+        return case, f"stuck in {last[2:]}"
+    if last == "= case done":
+        return case, "done with the case, waiting for the others to finish it"
+    return case, ""
