@@ -13,6 +13,10 @@ STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with tests/nbval_sanitize.cfg
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED = 0
+# Tests, nbval and regenerated notebooks see the committed exercise stubs, never a learner's
+# own answers in my_exercises/ (a solved exercise would turn a compared cell into PASS);
+# `make lab` checks the learner's copies.
+unit nbval nbval-portable notebooks: export DDP_TUTORIAL_EXERCISES_FRESH = 1
 
 .PHONY: install demo test unit nbval nbval-portable lab notebooks bench bench-reference doctor clean
 
