@@ -5,11 +5,14 @@ from __future__ import annotations
 import difflib
 import textwrap
 
-from ddp_tutorial.exercises.checks import collectives, ddp_from_scratch, p2p, process_groups, ring
+from ddp_tutorial.exercises.checks import (collectives, ddp_from_scratch, ddp_spawn, model_parallel, p2p,
+                                           performance, pitfalls, process_groups, ring, sharding,
+                                           tensor_parallel, torchrun, training)
 from ddp_tutorial.exercises.spec import Exercise
 
-EXERCISES: dict[str, Exercise] = {
-    e.name: e for module in (process_groups, p2p, collectives, ring, ddp_from_scratch) for e in module.EXERCISES}
+LESSONS = (process_groups, p2p, collectives, ring, ddp_spawn, ddp_from_scratch, torchrun, model_parallel,
+           training, pitfalls, performance, sharding, tensor_parallel)  # 02 ... 14, in order
+EXERCISES: dict[str, Exercise] = {e.name: e for module in LESSONS for e in module.EXERCISES}
 
 
 class UnknownExercise(KeyError):

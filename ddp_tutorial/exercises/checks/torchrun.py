@@ -1,0 +1,7 @@
+"""Lesson 08's exercises (none yet: see issue 15)."""
+
+from __future__ import annotations
+
+from ddp_tutorial.exercises.spec import Exercise
+
+EXERCISES: list[Exercise] = []
