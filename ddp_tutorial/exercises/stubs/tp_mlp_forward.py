@@ -1,0 +1,31 @@
+"""Exercise 14.1 (medium), lesson 14_tensor_parallel.ipynb: a column-parallel + row-parallel MLP by hand, one all-reduce.
+
+Write tp_mlp_forward() below (its docstring says exactly what to do), then check it:
+    check("tp_mlp_forward")                                 in the notebook
+    python -m ddp_tutorial.exercises check tp_mlp_forward   from a shell
+The checker's ranks read this file afresh each time: an edit counts at once.
+A hint: python -m ddp_tutorial.exercises show tp_mlp_forward
+Start again from the stub: python -m ddp_tutorial.exercises reset tp_mlp_forward
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def tp_mlp_forward(x: torch.Tensor, w1_shard: torch.Tensor, b1_shard: torch.Tensor, w2_shard: torch.Tensor,
+                   b2: torch.Tensor) -> torch.Tensor:
+    """Forward of ``relu(x @ W1.T + b1) @ W2.T + b2`` with the hidden units split over the ranks.
+
+    Every rank gets the same ``x`` (batch, in). ``w1_shard`` (hidden/n, in) and ``b1_shard``
+    (hidden/n,) are this rank's rows of ``W1`` and ``b1``; ``w2_shard`` (out, hidden/n) the
+    same hidden units' columns of ``W2``; ``b2`` (out,) is whole on every rank. Compute this
+    rank's slice of the hidden activations, its partial output, then exactly one
+    ``dist.all_reduce`` (SUM), and add ``b2`` once. Return the full output (batch, out),
+    the same on every rank; leave the arguments unchanged.
+    """
+    # Your code here; the checker calls tp_mlp_forward(x, w1_shard, b1_shard, w2_shard, b2) on every rank.
+    raise NotImplementedError(
+        'exercise 14.1 (tp_mlp_forward): not implemented yet: open my_exercises/tp_mlp_forward.py '
+        'and write it; lesson 14_tensor_parallel.ipynb explains it')

@@ -1,0 +1,46 @@
+"""Typical wrong answers to the exercises of lessons 11-14, and the words their diagnosis must contain.
+
+Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in seconds)``.
+"""
+
+from __future__ import annotations
+
+from ddp_tutorial.exercises.workspace import solution_file
+
+
+def mistake(name: str, old: str, new: str) -> str:
+    """The reference solution of ``name`` with one mistake put in."""
+    text = solution_file(name).read_text()
+    assert old in text, old
+    return text.replace(old, new)
+
+
+MISTAKES = {
+    "busbw uses all-reduce's factor for all-gather": (
+        "bus_bandwidth", mistake("bus_bandwidth", '"all_gather": lambda n: (n - 1) / n',
+                                 '"all_gather": lambda n: 2 * (n - 1) / n'),
+        ["bus_bandwidth(3000000000, 0.5, 2, 'all_gather')", "the factor 2 (n - 1) / n", "(n - 1) / n of the full"],
+        20),
+    "busbw forgets all-reduce's factor 2": (
+        "bus_bandwidth", mistake("bus_bandwidth", '"all_reduce": lambda n: 2 * (n - 1) / n',
+                                 '"all_reduce": lambda n: (n - 1) / n'),
+        ["'all_reduce'", "expected 6 = algbw * 1 (nccl-tests)", "reduce-scatter then an all-gather"], 20),
+    "busbw in GiB/s": (
+        "bus_bandwidth", mistake("bus_bandwidth", "nbytes / seconds / 1e9", "nbytes / seconds / 2**30"),
+        ["GiB/s", "10**9 bytes"], 20),
+    "tp adds the bias on every rank": (
+        "tp_mlp_forward", mistake("tp_mlp_forward", "partial = h @ w2_shard.T", "partial = h @ w2_shard.T + b2")
+        .replace("return partial + b2", "return partial"),
+        ["rank 0 of a world of 2", "b2 2 times", "add b2 once, after the all-reduce"], 20),
+    "tp forgets the all-reduce": (
+        "tp_mlp_forward", mistake("tp_mlp_forward", "    dist.all_reduce(partial)", "    pass"),
+        ["partial sum", "all-reduce that adds the ranks' partial outputs is missing"], 20),
+    "tp averages instead of summing": (
+        "tp_mlp_forward", mistake("tp_mlp_forward", "dist.all_reduce(partial)",
+                                  "dist.all_reduce(partial, op=dist.ReduceOp.AVG)"),
+        ["world of 2", "mean of the ranks' partial outputs", "SUM, not AVG"], 20),
+    "tp all-reduces the hidden activations too": (
+        "tp_mlp_forward", mistake("tp_mlp_forward", "    partial = h @ w2_shard.T",
+                                  "    dist.all_reduce(torch.zeros(1))\n    partial = h @ w2_shard.T"),
+        ["the output is right, but its collectives were", "exactly one all_reduce"], 20),
+}
