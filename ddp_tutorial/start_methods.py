@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from ddp_tutorial.env import bound_device, choose_backend, set_device_for
-from ddp_tutorial.launch import LOCALHOST, free_port
+from ddp_tutorial.launch import LOCALHOST, PLAIN_TEXT, free_port
 from ddp_tutorial.launch.child import context as launch_context
 
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -138,6 +138,8 @@ def raw_mp_spawn(fn: Callable[[int, int], Any], nprocs: int = 2, timeout: float 
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(log.fileno(), 2)  # the children inherit fd 2 while they start
+        colors = os.environ.get("PYTHON_COLORS")
+        os.environ.update(PLAIN_TEXT)  # the children's tracebacks without colour codes (3.13+)
         try:
             context = torch_mp.spawn(fn, args=(nprocs,), nprocs=nprocs, join=False)
             try:
@@ -149,6 +151,10 @@ def raw_mp_spawn(fn: Callable[[int, int], Any], nprocs: int = 2, timeout: float 
             os.dup2(saved, 2)
             os.close(saved)
             spawn_log.setLevel(level)
+            if colors is None:
+                os.environ.pop("PYTHON_COLORS", None)
+            else:
+                os.environ["PYTHON_COLORS"] = colors
         log.seek(0)
         text = log.read().decode(errors="replace")
     # A child stopped by its parent may leave half a traceback: quote a complete error line.

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import launch_workers as w
-from ddp_tutorial.launch import (LaunchSpec, TorchrunError, TorchrunResult, WorkerError, WorkerTimeout, spawn,
-                                 torchrun, torchrun_command)
+from ddp_tutorial.launch import (LaunchSpec, TorchrunError, TorchrunResult, WorkerError, WorkerTimeout, run_command,
+                                 spawn, torchrun, torchrun_command)
 from ddp_tutorial.pitfalls.strays import alive  # a process that exists and is not a zombie
 
 pytestmark = pytest.mark.timeout(120)
@@ -414,3 +414,12 @@ def test_a_quick_rank_never_tears_down_a_peer_still_in_init():
     # destroyed the group while its peer was still connecting ("Connection closed by peer").
     for _ in range(15):
         assert spawn(w.no_collective, 4, timeout=60) == [None] * 4  # the caller's environment, unchanged
+
+
+def test_children_write_plain_text_even_under_a_colour_forcing_kernel(monkeypatch):
+    # Jupyter kernels set FORCE_COLOR=1; Python 3.13+ then colours tracebacks written to a
+    # file or pipe, and the lessons read them as text (02's mp.spawn error, 11's __main__ demo).
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert LaunchSpec(w.identify, 2).rank_env(1, 29500)["PYTHON_COLORS"] == "0"
+    code = "import os; print(os.environ.get('PYTHON_COLORS'))"
+    assert run_command([sys.executable, "-c", code], timeout=60).output.strip() == "0"

@@ -37,7 +37,7 @@ from ddp_tutorial.launch.commands import (TorchrunError, TorchrunResult, run_com
                                           torchrun_command)
 from ddp_tutorial.launch.errors import WorkerError, WorkerTimeout  # noqa: F401
 from ddp_tutorial.launch.spawner import spawn  # noqa: F401
-from ddp_tutorial.launch.spec import LOCALHOST, LaunchSpec, free_port, watched_live  # noqa: F401
+from ddp_tutorial.launch.spec import LOCALHOST, PLAIN_TEXT, LaunchSpec, free_port, watched_live  # noqa: F401
 
 __all__ = ["spawn", "torchrun", "torchrun_command", "run_command", "free_port", "watched_live", "LaunchSpec",
-           "WorkerError", "WorkerTimeout", "TorchrunError", "TorchrunResult", "LOCALHOST"]
+           "WorkerError", "WorkerTimeout", "TorchrunError", "TorchrunResult", "LOCALHOST", "PLAIN_TEXT"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ddp_tutorial.launch.procs import descendants, interrupts_held_back, signal_group
+from ddp_tutorial.launch.spec import PLAIN_TEXT
 
 OnLine = Callable[[str, subprocess.Popen], None]
 
@@ -93,7 +94,7 @@ def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, 
     lines arrive as they are printed. ``TimeoutError`` after ``timeout`` seconds,
     with the output so far; ``name`` names the command in that message.
     """
-    run_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+    run_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1", **PLAIN_TEXT)
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env,
                             start_new_session=True)
     reader = _Lines(proc, on_line)

@@ -9,6 +9,9 @@ from typing import Any, Callable
 
 LOCALHOST = "127.0.0.1"
 LIVE_ENV = "DDP_TUTORIAL_LIVE"  # set to "1" in ranks whose output is shown while they run
+# Jupyter kernels set FORCE_COLOR=1, and from Python 3.13 on a child then writes its
+# tracebacks with colour codes, even into a file or a pipe; captured output is read as text.
+PLAIN_TEXT = {"PYTHON_COLORS": "0"}
 
 
 def watched_live() -> bool:
@@ -60,7 +63,7 @@ class LaunchSpec:
         env = dict(os.environ, MASTER_ADDR=self.master_addr, MASTER_PORT=str(master_port),
                    WORLD_SIZE=str(self.world_size), RANK=str(rank), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(self.world_size), TORCHELASTIC_USE_AGENT_STORE="True",
-                   OMP_NUM_THREADS=str(self.threads))
+                   OMP_NUM_THREADS=str(self.threads), **PLAIN_TEXT)
         env.pop(LIVE_ENV, None)  # inherited from an outer launch: this launch decides
         if self.live:
             env[LIVE_ENV] = "1"

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 
 from ddp_tutorial.launch.procs import children_by_parent
+from ddp_tutorial.launch.spec import PLAIN_TEXT
 
 __all__ = ["CrashedJob", "crash_a_job", "alive", "processes_in_session", "descendants", "listeners", "port_in_use",
            "end_processes", "main_module_target"]
@@ -230,7 +231,7 @@ if __name__ == "__main__":
 def main_module_target(timeout: float = 60.0) -> list[str]:
     """Run a script whose spawn target lives in ``__main__``; return what it and its child said."""
     run = subprocess.run([sys.executable, "-c", _MAIN_TARGET], capture_output=True, text=True,
-                         timeout=timeout)
+                         timeout=timeout, env=dict(os.environ, **PLAIN_TEXT))  # no colour codes (3.13+)
     said = run.stdout.splitlines()
     said += [line for line in run.stderr.splitlines() if line.startswith("AttributeError")]
     return said
