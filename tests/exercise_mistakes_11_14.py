@@ -28,6 +28,20 @@ MISTAKES = {
     "busbw in GiB/s": (
         "bus_bandwidth", mistake("bus_bandwidth", "nbytes / seconds / 1e9", "nbytes / seconds / 2**30"),
         ["GiB/s", "10**9 bytes"], 20),
+    "zero1 forgets the all-gather": (
+        "zero1_step", mistake("zero1_step", "    all_gather_single(params_flat, mine.clone())", "    pass"),
+        ["world of 2", "step 1", "slice 1", "all-gather that brings every rank's updated slice is missing"], 20),
+    "zero1 puts its slice at rank * n": (
+        "zero1_step", mistake("zero1_step", "mine = params_flat[rank * s:(rank + 1) * s]",
+                              "mine = params_flat[rank * n:rank * n + s]"),
+        ["world of 2", "slice 1 (elements 3..5), which rank 1 updates", "rank * s .. (rank + 1) * s"], 20),
+    "zero1 sums instead of averaging": (
+        "zero1_step", mistake("zero1_step", "    grad.div_(n)  # the mean, as DDP", "    pass"),
+        ["world of 2", 'state["exp_avg"] is 2 times', "sum over the 2 ranks, not their mean"], 20),
+    "zero1 skips the reduce-scatter": (
+        "zero1_step", mistake("zero1_step", "reduce_scatter_single(grad, grads_flat)  # my slice, summed over the ranks",
+                              "grad.copy_(grads_flat[rank * s:(rank + 1) * s] * n)"),
+        ["world of 2", "this rank's own gradient, not the mean over ranks"], 20),
     "tp adds the bias on every rank": (
         "tp_mlp_forward", mistake("tp_mlp_forward", "partial = h @ w2_shard.T", "partial = h @ w2_shard.T + b2")
         .replace("return partial + b2", "return partial"),
