@@ -16,6 +16,15 @@ def mistake(name: str, old: str, new: str) -> str:
 
 
 MISTAKES = {
+    "the step as given (sums gradients and keeps its own loss)": (
+        "fix_summed_loss", mistake("fix_summed_loss", "        p.grad /= n  # the mean over ranks, as DDP: the sum is n times one process's gradient\n", ""),
+        ["rank 0 of a world of 2", "step 1", "moved 2 times as far", "summed over the 2 ranks, not averaged"], 20),
+    "gradients averaged, the loss still this rank's own": (
+        "fix_summed_loss", mistake("fix_summed_loss", "    return (total / n).item()", "    return loss.item()"),
+        ["world of 2", "the parameters are right, but the returned loss is this rank's own batch's"], 20),
+    "loss summed over ranks, not divided": (
+        "fix_summed_loss", mistake("fix_summed_loss", "    return (total / n).item()", "    return total.item()"),
+        ["world of 2", "sum of the 2 ranks' losses"], 20),
     "busbw uses all-reduce's factor for all-gather": (
         "bus_bandwidth", mistake("bus_bandwidth", '"all_gather": lambda n: (n - 1) / n',
                                  '"all_gather": lambda n: 2 * (n - 1) / n'),
