@@ -51,3 +51,19 @@ MISTAKES = {
                                   "F.cross_entropy(logits, y)"),
         ["rank 0", "Only the loss sum is wrong", "reduction"], 20),
 }
+
+MISTAKES.update({
+    "save_and_load: every rank writes": (
+        "save_and_load", broken("save_and_load", "    if rank == 0:\n        tmp = path", "    if True:\n        tmp = path"),
+        ["rank 1", "wrote a checkpoint too", "only rank 0"], 20),
+    "save_and_load: no barrier": (
+        "save_and_load", broken("save_and_load", "    dist.barrier()\n", ""),
+        ["rank 1", "before rank 0 had written", "missing barrier"], 20),
+    "save_and_load: writes straight to path": (
+        "save_and_load", broken("save_and_load", "        torch.save(state, tmp)\n        os.replace(tmp, path)\n",
+                                "        torch.save(state, path)\n"),
+        ["rank 0", "not atomic", "os.replace"], 20),
+    "save_and_load: no map_location": (
+        "save_and_load", broken("save_and_load", "map_location=device, ", ""),
+        ["rank 0", "without map_location"], 20),
+})
