@@ -21,7 +21,6 @@ from ddp_tutorial.collectives import all_gather_single, reduce_scatter_single
 BETAS, EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
 
-@torch.no_grad()
 def zero1_step(params_flat: torch.Tensor, grads_flat: torch.Tensor, state: dict, lr: float) -> None:
     """One Adam step of a ZeRO-1 data-parallel job, in place on ``params_flat`` and ``state``.
 
@@ -41,17 +40,18 @@ def zero1_step(params_flat: torch.Tensor, grads_flat: torch.Tensor, state: dict,
     Return nothing; after the call ``params_flat`` equals what one process with
     ``torch.optim.Adam`` and the gradients averaged over all ranks would hold.
     """
-    n, rank = dist.get_world_size(), dist.get_rank()
-    s = params_flat.numel() // n
-    grad = torch.empty(s, dtype=grads_flat.dtype, device=grads_flat.device)
-    reduce_scatter_single(grad, grads_flat)  # my slice, summed over the ranks
-    grad.div_(n)  # the mean, as DDP
-    b1, b2 = BETAS
-    state["step"] += 1
-    m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
-    m.mul_(b1).add_(grad, alpha=1 - b1)
-    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-    mine = params_flat[rank * s:(rank + 1) * s]  # a view: updating it updates params_flat
-    denom = (v / (1 - b2 ** t)).sqrt_().add_(EPS)
-    mine.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
-    all_gather_single(params_flat, mine.clone())  # the input must not alias the output
+    with torch.no_grad():  # an optimizer step: no autograd graph
+        n, rank = dist.get_world_size(), dist.get_rank()
+        s = params_flat.numel() // n
+        grad = torch.empty(s, dtype=grads_flat.dtype, device=grads_flat.device)
+        reduce_scatter_single(grad, grads_flat)  # my slice, summed over the ranks
+        grad.div_(n)  # the mean, as DDP
+        b1, b2 = BETAS
+        state["step"] += 1
+        m, v, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        mine = params_flat[rank * s:(rank + 1) * s]  # a view: updating it updates params_flat
+        denom = (v / (1 - b2 ** t)).sqrt_().add_(EPS)
+        mine.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+        all_gather_single(params_flat, mine.clone())  # the input must not alias the output

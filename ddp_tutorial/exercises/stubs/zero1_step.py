@@ -16,7 +16,6 @@ import torch.distributed as dist
 from ddp_tutorial.collectives import all_gather_single, reduce_scatter_single
 
 
-@torch.no_grad()
 def zero1_step(params_flat: torch.Tensor, grads_flat: torch.Tensor, state: dict, lr: float) -> None:
     """One Adam step of a ZeRO-1 data-parallel job, in place on ``params_flat`` and ``state``.
 
