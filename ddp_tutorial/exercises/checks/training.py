@@ -8,6 +8,8 @@ every rank: data set sizes that divide evenly, that do not, and that leave a ran
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,7 +69,7 @@ def evaluate_shards_worker(rank: int, world_size: int, source: str, function: st
             mine_idx = shard_indices(n, rank, world_size)
             mine = one_process(model, x[mine_idx], y[mine_idx]) if mine_idx else [0.0, 0.0, 0.0]
             batches = [(x[mine_idx[i:i + BATCH]], y[mine_idx[i:i + BATCH]]) for i in range(0, len(mine_idx), BATCH)]
-            out = fn(model, batches, rank_device())
+            out = fn(copy.deepcopy(model).to(rank_device()), batches, rank_device())  # a GPU rank's own device
             try:
                 got = [float(v) for v in (out.tolist() if isinstance(out, torch.Tensor) else out)]
             except (TypeError, ValueError):
