@@ -10,7 +10,7 @@ import torch.distributed as dist
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.harness import Report, load_function, run_cases
 from ddp_tutorial.exercises.spec import Exercise
-from ddp_tutorial.exercises.tracing import traced
+from ddp_tutorial.exercises.tracing import original, traced
 
 
 def init_from_file_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
@@ -59,3 +59,66 @@ EXERCISES = [
         hang_hint=("init_process_group waits until world_size ranks have met in the same store: do all "
                    "ranks pass the same path, their own rank and the right world_size?")),
 ]
+
+
+def group_sums_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
+    """Call the learner's function with two sets of values; every new_group call is compared across ranks."""
+    fn = load_function(source, function)
+    real_new_group = dist.new_group
+
+    def compared_new_group(ranks=None, *args, **kwargs):
+        # new_group is a collective of the whole world: all ranks must be asking for the same group now
+        asked = sorted(ranks) if ranks is not None else list(range(world_size))
+        everyone: list = [None] * world_size
+        original("all_gather_object")(everyone, asked)
+        if any(other != asked for other in everyone):
+            calls = ", ".join(f"rank {r} new_group({other})" for r, other in enumerate(everyone))
+            raise RuntimeError(f"the ranks asked for different groups in the same new_group call ({calls}): "
+                               "every rank must call new_group for each group, in the same order, even for "
+                               "a group it is not in")
+        return real_new_group(ranks, *args, **kwargs)
+
+    def case(values: list[float]):
+        def run() -> str | None:
+            group = [r for r in range(world_size) if r % 2 == rank % 2]
+            want_group, want_world = sum(values[r] for r in group), sum(values)  # by hand, not the solution
+            got = fn(rank, world_size, values[rank])
+            if not (isinstance(got, tuple) and len(got) == 2):
+                return f"{function} returned {got!r}, not a tuple (group_sum, world_sum)"
+            names = ("group", "world")
+            for label, x, want, ranks in zip(names, got, (want_group, want_world), (group, list(range(world_size)))):
+                if isinstance(x, torch.Tensor):
+                    return f"the {label} sum is a tensor: return a Python float (.item())"
+                if not isinstance(x, (int, float)):
+                    return f"the {label} sum is a {type(x).__name__}, not a float"
+                if abs(x - want) > 1e-4 * max(1.0, abs(want)):
+                    return f"rank {rank}'s {label} sum is {x:g}, expected {want:g} (ranks {ranks})"
+            return None
+        return run
+
+    dist.new_group = compared_new_group
+    try:
+        with traced(rank, trace_dir) as trace:
+            return run_cases(trace, [
+                ("value = rank + 1", case([r + 1.0 for r in range(world_size)])),
+                ("value = 10 ** rank", case([10.0 ** r for r in range(world_size)])),
+            ])
+    finally:
+        dist.new_group = real_new_group
+
+
+EXERCISES.append(
+    Exercise(
+        name="group_sums", number="2.2", lesson=2, notebook="02_process_groups.ipynb",
+        title="sum in the even and the odd sub-group", level="warm-up",
+        task=("Make the even ranks and the odd ranks each a sub-group with dist.new_group, then all-reduce "
+              "a value inside the rank's own group and over the whole world."),
+        hint=("groups = [dist.new_group(ranks) for ranks in (evens, odds)] on EVERY rank (skip the odd group "
+              "when it is empty); dist.all_reduce(t, group=groups[rank % 2]), then dist.all_reduce(t2) with "
+              "no group for the world."),
+        checks=("calls your function with value = rank + 1, then value = 10 ** rank, compares every "
+                "new_group call across the ranks, and compares both sums with the ones computed by hand"),
+        worker=group_sums_worker, world_sizes=(1, 2, 3, 4),
+        hang_hint=("every rank must call new_group for each group, in the same order, even for a group it "
+                   "is not in; and a collective in a sub-group only meets the ranks of that group")),
+)
