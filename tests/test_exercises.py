@@ -18,10 +18,12 @@ from ddp_tutorial.exercises import EXERCISES, learner_file, reset, run_check, sh
 from ddp_tutorial.exercises.__main__ import main
 from ddp_tutorial.exercises.harness import load_function
 from ddp_tutorial.exercises.stubgen import stale_stubs
-from exercise_mistakes import MISTAKES
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = list(EXERCISES)
+# Typical wrong answers, one module per group of lessons: name -> (exercise, source, words, timeout)
+MISTAKES = {name: mistake for path in sorted(Path(__file__).parent.glob("exercise_mistakes*.py"))
+            for name, mistake in importlib.import_module(path.stem).MISTAKES.items()}
 
 
 @pytest.fixture
@@ -80,11 +82,22 @@ def test_a_typical_mistake_is_diagnosed(mistake, tmp_path):
 def test_every_hard_exercise_has_two_mistakes_or_more():
     hard = [name for name, e in EXERCISES.items() if e.level == "hard"]
     assert hard
-    # every mistakes module: this file's, and those of the later lessons' test files (exercise_mistakes_*.py)
-    every = [m for path in sorted(Path(__file__).parent.glob("exercise_mistakes*.py"))
-             for m in importlib.import_module(path.stem).MISTAKES.values()]
     for name in hard:
-        assert sum(m[0] == name for m in every) >= 2, name
+        assert sum(m[0] == name for m in MISTAKES.values()) >= 2, name
+
+
+def test_every_medium_exercise_from_lesson_06_on_has_two_mistakes_or_more():
+    for name, e in EXERCISES.items():
+        if e.level == "medium" and e.lesson >= 6:
+            assert sum(m[0] == name for m in MISTAKES.values()) >= 2, name
+
+
+def test_every_lesson_from_02_on_has_an_exercise_and_15_in_all():
+    assert {e.lesson for e in EXERCISES.values()} == set(range(2, 15))
+    assert len(EXERCISES) >= 15
+    for e in EXERCISES.values():  # numbered by lesson: 2.1, 2.2, ..., 14.1
+        assert e.number.split(".")[0] == str(e.lesson), e.name
+    assert (EXERCISES["group_sums"].number, EXERCISES["group_sums"].world_sizes) == ("2.2", (1, 2, 3, 4))
 
 
 def test_an_edit_counts_without_a_restart(learner_dir):
