@@ -8,6 +8,13 @@ from __future__ import annotations
 
 from ddp_tutorial.exercises.workspace import solution_file
 
+def broken(name: str, old: str, new: str) -> str:
+    """The reference solution of ``name`` with one mistake put in."""
+    source = solution_file(name).read_text()
+    assert old in source, old
+    return source.replace(old, new)
+
+
 HEAD = "import torch\nimport torch.distributed as dist\n\n\n"
 
 RING_START = HEAD + """def ring_all_reduce(tensor):

@@ -5,14 +5,7 @@ Each entry, as in ``exercise_mistakes.py``: ``(exercise, source, words, timeout 
 
 from __future__ import annotations
 
-from ddp_tutorial.exercises.workspace import solution_file
-
-
-def broken(name: str, old: str, new: str) -> str:
-    """The reference solution of ``name`` with one mistake put in."""
-    source = solution_file(name).read_text()
-    assert old in source, old
-    return source.replace(old, new)
+from exercise_mistakes import broken
 
 
 MISTAKES = {
