@@ -35,7 +35,7 @@ demo: $(STAMP)
 test: unit nbval
 
 unit: $(STAMP)
-	$(PY) -m pytest tests
+	$(PY) -m pytest --durations=10 tests
 
 nbval: $(STAMP)
 	$(PY) -m pytest $(NBVAL) notebooks
