@@ -112,6 +112,15 @@ def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
     return "RANK" in (os.environ if environ is None else environ)
 
 
+def launcher_variable(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """A launcher variable exactly as set (``LOCAL_RANK``, ``RANK``, ...), or ``"unset"``.
+
+    For showing what a launcher did or did not set (11_debugging_and_pitfalls); code that needs
+    the rank uses ``rank_info`` or ``local_rank``.
+    """
+    return (os.environ if environ is None else environ).get(name, "unset")
+
+
 def rank_info(environ: Mapping[str, str] | None = None, *, module: str = "this module",
               allow_single: bool = True) -> RankInfo:
     """Read RANK, LOCAL_RANK, WORLD_SIZE (and torchrun's restart count) from the environment.

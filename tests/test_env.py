@@ -272,3 +272,10 @@ def test_a_group_made_without_a_backend_serves_what_its_config_says():
                                         timeout=60)
     assert backend == "undefined" and config in ("cpu:gloo", "cuda:nccl")
     assert device == str(choose_device(0, config))  # "cuda:0" on a GPU machine
+
+
+def test_launcher_variable_reports_the_raw_value_or_unset():
+    from ddp_tutorial.env import launcher_variable
+    assert launcher_variable("LOCAL_RANK", {"LOCAL_RANK": "3"}) == "3"
+    assert launcher_variable("LOCAL_RANK", {"RANK": "1"}) == "unset"   # no fallback to RANK
+    assert launcher_variable("LOCAL_RANK", {"LOCAL_RANK": "x"}) == "x"  # shown as set, not parsed

@@ -13,7 +13,6 @@ deprecated ``torch.distributed.launch`` passed, and reports what each rank sees:
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import socket
 from datetime import timedelta
@@ -21,7 +20,7 @@ from typing import Sequence
 
 import torch.distributed as dist
 
-from ddp_tutorial.env import choose_backend, choose_device, rank_info
+from ddp_tutorial.env import choose_backend, choose_device, launcher_variable, rank_info
 from ddp_tutorial.launch import LOCALHOST
 from ddp_tutorial.pitfalls.harness import clean_message
 
@@ -55,7 +54,7 @@ def local_rank_report(args: argparse.Namespace) -> None:
     rank = rank_info()
     # The raw variable is the lesson here: what the launcher did or did not set.
     info = f"rank {rank.rank}: --local_rank gives {args.local_rank}, " \
-           f"LOCAL_RANK gives {os.environ.get('LOCAL_RANK', 'unset')}, " \
+           f"LOCAL_RANK gives {launcher_variable('LOCAL_RANK')}, " \
            f"resolve_local_rank gives {resolve_local_rank(None)}"
     device = choose_device(rank.local_rank, choose_backend(local_world_size=rank.local_world_size))
     print(f"{info} -> device {device}")
