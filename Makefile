@@ -55,8 +55,13 @@ nbval-portable: $(STAMP)
 	  ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest $(NBVAL) notebooks || exit 1; \
 	done
 
+# Only on 127.0.0.1. JupyterLab refuses to start as root (as in most containers) unless
+# told --allow-root: pass it then, and say so.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/
+	@root=; if [ "$$(id -u)" = 0 ]; then root=--allow-root; \
+	  echo "make lab: running as root, so JupyterLab gets --allow-root"; fi; \
+	echo "$(VENV)/bin/jupyter lab --ip=127.0.0.1 $$root notebooks/"; \
+	exec $(VENV)/bin/jupyter lab --ip=127.0.0.1 $$root notebooks/
 
 NB ?= notebooks/*.ipynb
 notebooks: $(STAMP)
