@@ -8,6 +8,8 @@ tolerance) and ``python -m ddp_tutorial.bench train``. From a shell:
     torchrun --nproc-per-node=2 --max-restarts=1 -m ddp_tutorial.train \\
         --checkpoint ckpt/digits.pt --resume --fail-at-step 30   # crash once, restart, resume
     torchrun --nproc-per-node=2 -m ddp_tutorial.train --dataset cifar10 --data-dir data [--download]
+    srun python -m ddp_tutorial.slurm ddp_tutorial.train --checkpoint ckpt.pt --resume \\
+        --stop-on-signal USR1                                  # in a Slurm job: stop, requeue, resume (15_cluster)
 
 Every rank builds the same model from the same seed, trains on its own share of
 the data (``DistributedSampler``), and DDP averages the gradients; metrics are
@@ -39,6 +41,7 @@ from ddp_tutorial.evaluation import evaluate
 from ddp_tutorial.launch import watched_live
 from ddp_tutorial.models import TRAIN_MODELS, build_model
 from ddp_tutorial.multinode import exit_on_sigterm
+from ddp_tutorial.preemption import PREEMPTED_EXIT_CODE, StopRequest
 from ddp_tutorial.reproducibility import deterministic_for, seed_everything
 
 __all__ = ["TrainConfig", "ConfigError", "train", "fit", "progress", "maybe_fail", "seed_everything",
@@ -72,6 +75,7 @@ class TrainConfig:
     image_size: int = 32  # fake data only
     workers: int = 0  # DataLoader worker processes per rank
     deterministic: bool | None = None  # None: on a GPU, so runs repeat bitwise (lessons 08, 10); see deterministic_for
+    stop_on_signal: str | None = None  # "USR1": stop after the epoch it arrives in (15_cluster, preemption)
     log: bool = True
 
 
@@ -90,6 +94,7 @@ class Setup:
     test_loader: DataLoader
     model_name: str
     history: list = field(default_factory=list)
+    world_sizes: list = field(default_factory=list)  # each epoch's world size (an elastic run changes it)
     start_epoch: int = 0
     step: int = 0
 
@@ -124,6 +129,7 @@ def build(config: TrainConfig, rank: int, world_size: int, device: torch.device)
         optimizer.load_state_dict(state["optimizer"])
         restore_rng(state["rng"])
         setup.start_epoch, setup.step, setup.history = state["epoch"], state["step"], list(state["history"])
+        setup.world_sizes = list(state.get("world_sizes", [state.get("world_size")] * state["epoch"]))
     return setup
 
 
@@ -155,13 +161,18 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
             if (info.rank, info.world_size) != (rank, world_size):
                 raise RuntimeError(f"environment says rank {info.rank} of {info.world_size}, "
                                    f"caller says {rank} of {world_size}")
-            return fit(config, rank, world_size, device, info.restart_count)
+            with StopRequest(config.stop_on_signal) as stop:
+                return fit(config, rank, world_size, device, info.restart_count, stop)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
-def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int) -> dict:
+def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int,
+        stop: StopRequest | None = None) -> dict:
+    if config.stop_on_signal and not config.checkpoint:
+        raise ConfigError("--stop-on-signal needs --checkpoint: a run that stops early must leave one to resume from")
+    stop = stop or StopRequest(None)
     setup = build(config, rank, world_size, device)
     log = print if (rank == 0 and config.log) else (lambda *a, **k: None)
     if setup.start_epoch:
@@ -169,7 +180,7 @@ def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, a
             f"(step {setup.step}), attempt {attempt}")
     elif config.resume:
         log(f"no checkpoint yet: starting from scratch (attempt {attempt})")
-    written, step, train_seconds, samples = 0, setup.step, 0.0, 0
+    written, step, train_seconds, samples, preempted = 0, setup.step, 0.0, 0, False
     for epoch in range(setup.start_epoch, config.num_epochs):
         setup.train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, same on all ranks
         setup.ddp.train()
@@ -191,18 +202,26 @@ def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, a
         record = {"epoch": epoch + 1, "step": step, "train_loss": running[0].item() / running[1].item()}
         record.update(evaluate(setup.model, setup.test_loader, device))
         setup.history.append(record)
+        setup.world_sizes.append(world_size)
         if config.checkpoint and rank == 0:
             save_checkpoint({"model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
                              "epoch": epoch + 1, "step": step, "rng": capture_rng(),
                              "history": setup.history, "model_name": setup.model_name,
-                             "dataset": config.dataset, "world_size": world_size}, config.checkpoint)
+                             "dataset": config.dataset, "world_size": world_size,
+                             "world_sizes": setup.world_sizes}, config.checkpoint)
             written += 1
         # Logged after the save: an epoch in the log is an epoch in the checkpoint.
         log(f"epoch {epoch + 1}/{config.num_epochs}  step {step}  train_loss {record['train_loss']:.4f}  "
             f"test_loss {record['test_loss']:.4f}  test_acc {record['test_acc']:.4f}")
+        if epoch + 1 < config.num_epochs and stop.agreed(device):  # every rank stops here, or none
+            log(f"stopping after epoch {epoch + 1} on SIG{config.stop_on_signal.upper().removeprefix('SIG')}: "
+                f"checkpoint saved; resume with --resume")
+            preempted = True
+            break
     return {"rank": rank, "world_size": world_size, "model_name": setup.model_name, "attempt": attempt,
             "history": setup.history, "final": setup.history[-1], "steps": step,
             "checkpoints_written": written, "train_seconds": train_seconds, "samples_trained": samples,
+            "world_sizes": setup.world_sizes, "preempted": preempted,
             "weights": {k: v.detach().cpu() for k, v in setup.model.state_dict().items()}}
 
 
@@ -243,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=d.workers, help="DataLoader workers per process")
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=d.deterministic,
                    help="deterministic cuDNN/cuBLAS kernels (default: on a GPU)")
+    p.add_argument("--stop-on-signal", metavar="SIG", help="e.g. USR1 (Slurm's --signal): finish the epoch, "
+                   f"checkpoint, exit {PREEMPTED_EXIT_CODE} so the job script requeues")
     return p
 
 
@@ -258,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             time.sleep(1.0)  # torchrun stops the job at the first exit: let local rank 0 say why first
         return 2
+    if result["preempted"]:
+        return PREEMPTED_EXIT_CODE  # on every rank: the job script requeues on this code
     if info.is_main:
         final = result["final"]
         rate = result["samples_trained"] / max(result["train_seconds"], 1e-9)
