@@ -79,3 +79,33 @@ doctor: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The course as a website (issue 16): the lessons with their stored, nbval-checked outputs (never
+# re-executed), the exercises, the benchmark run and the API reference, in build/site.
+#   make site        build/site/index.html (docs/conf.py; warnings are errors)
+#   make site-test   every page in headless Chromium (tests/browser/test_site.py; screenshots in
+#                    build/site-screenshots/); needs Debian's chromium and chromium-driver
+#   make site-serve  the site on http://127.0.0.1:8000
+SITE_STAMP    := $(VENV)/.installed-site
+BROWSER_STAMP := $(VENV)/.installed-browser
+.PHONY: site site-test site-serve
+
+$(SITE_STAMP): pyproject.toml $(STAMP)
+	@echo "installing the site's packages into $(VENV) (log: $(VENV)/install-site.log)"
+	@$(PY) -m pip install -e '.[site]' > $(VENV)/install-site.log 2>&1 || { tail -40 $(VENV)/install-site.log; exit 1; }
+	@touch $@
+
+$(BROWSER_STAMP): pyproject.toml $(STAMP)
+	@$(PY) -m pip install -e '.[browser]' > $(VENV)/install-browser.log 2>&1 || { tail -40 $(VENV)/install-browser.log; exit 1; }
+	@touch $@
+
+site: $(SITE_STAMP)
+	@mkdir -p build/site-src
+	$(PY) -m sphinx -W --keep-going -q -b html -c docs build/site-src build/site
+	@echo "the site: build/site/index.html"
+
+site-test: site $(BROWSER_STAMP)
+	$(PY) -m pytest -p no:cacheprovider -v -s tests/browser/test_site.py
+
+site-serve: site
+	$(PY) -m http.server --bind 127.0.0.1 --directory build/site 8000

@@ -78,6 +78,16 @@ class _LoggingHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """A browser drops connections it no longer needs (a page left mid-load): not an error."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 @contextlib.contextmanager
 def serve(folder: str | Path) -> Iterator[tuple[str, list[tuple[int, str]]]]:
     """Serve `folder` on 127.0.0.1 (a free port); yield (base URL, request log of (status, path))."""
@@ -87,7 +97,7 @@ def serve(folder: str | Path) -> Iterator[tuple[str, list[tuple[int, str]]]]:
         def __init__(self, *args, **kwargs):
             super().__init__(*args, directory=folder, **kwargs)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = _QuietServer(("127.0.0.1", 0), Handler)
     server.requests = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -1,0 +1,80 @@
+"""How to run each lesson from a shell: the commands every lesson page of the website shows.
+
+Pure data and string formatting (no Sphinx): the site extension (``course_site.py``) renders it,
+and ``tests/test_site_config.py`` checks that every ``notebooks/NN_*.ipynb`` has an entry and
+that every module named here really runs (``main()`` or a ``__main__`` submodule).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+LESSON_NAME = re.compile(r"^\d\d_\w+$")  # 00_start_here: what `notebooks/NN_*.ipynb` must be called
+
+
+@dataclass(frozen=True)
+class Command:
+    """``python -m MODULE ARGS`` or, with ``nproc``, ``torchrun ... --nproc-per-node=NPROC -m MODULE ARGS``."""
+
+    module: str  # relative to ddp_tutorial ("" is the package itself)
+    args: str = ""
+    nproc: int | None = 2  # None: one plain python process
+    comment: str = ""
+
+    @property
+    def dotted(self) -> str:
+        return f"ddp_tutorial.{self.module}" if self.module else "ddp_tutorial"
+
+    def line(self) -> str:
+        launcher = ("python" if self.nproc is None
+                    else f"torchrun --standalone --nproc-per-node={self.nproc}")
+        text = f"{launcher} -m {self.dotted}" + (f" {self.args}" if self.args else "")
+        return f"{text}  # {self.comment}" if self.comment else text
+
+
+def python(module: str, args: str = "", comment: str = "") -> Command:
+    return Command(module, args, None, comment)
+
+
+# Lesson (notebook stem) -> what it runs from a shell: its own module first.
+COMMANDS: dict[str, tuple[Command, ...]] = {
+    "00_start_here": (Command("hello", comment="the first all-reduce"),
+                      python("", comment="the doctor: can this machine run the course?")),
+    "01_data_parallel": (python("bench", "dp", comment="DataParallel vs DDP throughput, same model"),),
+    "02_process_groups": (Command("process_groups"),),
+    "03_point_to_point": (Command("p2p"),),
+    "04_collectives": (Command("collectives"),),
+    "05_ring_all_reduce": (Command("ring"),
+                           python("bench", "allreduce", comment="ring vs gloo bus bandwidth")),
+    "06_ddp_spawn": (Command("ddp_spawn"), python("ddp_spawn", comment="the same, started by mp.spawn")),
+    "07_ddp_from_scratch": (Command("ddp_from_scratch"),
+                            python("bench", "ddp", comment="BucketedDDP vs torch DDP step time")),
+    "08_torchrun": (Command("multinode", comment="what torchrun tells each process"),
+                    Command("train", "--epochs 2")),
+    "09_model_parallel_ddp": (Command("model_parallel"),
+                              Command("pipeline_grid", nproc=4, comment="2 stages x 2 replicas")),
+    "10_train_end_to_end": (Command("train", "--epochs 5"), python("train", "--epochs 5", comment="one process")),
+    "11_debugging_and_pitfalls": (python("pitfalls", comment="every pitfall: symptom, then fix"),
+                                  Command("pitfalls.launchers")),
+    "12_performance": (python("bench", "collectives", comment="time and bandwidth of every collective"),
+                       python("bench", "all", comment="the whole suite, about 2 minutes")),
+    "13_sharding": (Command("zero"), Command("fsdp")),
+    "14_tensor_parallel": (Command("tensor_parallel", nproc=4), Command("device_mesh", nproc=4)),
+}
+
+
+def lesson_names(notebooks: Path) -> list[str]:
+    """The lessons, in order: every ``NN_*.ipynb`` in ``notebooks``."""
+    return sorted(p.stem for p in notebooks.glob("[0-9][0-9]_*.ipynb") if LESSON_NAME.match(p.stem))
+
+
+def run_instructions(lesson: str) -> tuple[str, str]:
+    """(Jupyter commands, shell commands) for a lesson; the shell part is "" without an entry."""
+    jupyter = "\n".join([
+        "make lab                                   # Jupyter Lab on notebooks/, the course's kernel",
+        f"# then open {lesson}.ipynb, or directly:",
+        f"source .venv/bin/activate && jupyter lab notebooks/{lesson}.ipynb",
+    ])
+    shell = "\n".join(["source .venv/bin/activate"] + [c.line() for c in COMMANDS.get(lesson, ())])
+    return jupyter, shell if lesson in COMMANDS else ""

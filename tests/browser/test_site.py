@@ -1,0 +1,192 @@
+"""The course website in a real browser: `make site-test` (after `make site`).
+
+Serves build/site on 127.0.0.1 and visits every page once in headless Chromium (Debian's, see
+``chromium.py``): the right title, every image decoded, no traceback the lesson did not mean to
+show, a quiet console, nothing loaded from outside the site, no internal link that 404s, and a
+search that finds ``all_reduce``. Screenshots for review go to build/site-screenshots/.
+
+    make site && make site-test
+    .venv/bin/python -m pytest -v tests/browser/test_site.py
+
+The traceback rule: a stored traceback (an error output, or "Traceback (most recent call last)"
+in an output) may appear only in a cell tagged ``raises-exception``: the lessons' deliberate
+failures (02's notebook-defined worker). Caught errors shown as one line by
+``nbtools.show_error`` ("RuntimeError: says ...") are summaries, not tracebacks, and are fine.
+"""
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urldefrag, urljoin
+
+import pytest
+
+import chromium
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = ROOT / "build" / "site"
+SCREENSHOTS = ROOT / "build" / "site-screenshots"
+LESSONS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+PAGES = ["index.html"] + [f"lessons/{name}.html" for name in LESSONS] + [
+    "exercises.html", "benchmarks.html", "api/index.html", "api/lessons.html", "api/launch.html"]
+TRACEBACK = "Traceback (most recent call last)"
+ANSI = re.compile(r"\x1b\[|\[\d+(;\d+)*m\w")  # an escape code left raw instead of coloured
+
+if chromium.missing():
+    pytest.skip(chromium.missing(), allow_module_level=True)
+if not (SITE / "index.html").exists():
+    pytest.fail("build/site is not built: run `make site` first", pytrace=False)
+
+# Runs in the page: waits for every image, then reports what the tests check.
+PAGE_FACTS = """
+const done = arguments[arguments.length - 1];
+const imgs = Array.from(document.images);
+imgs.forEach(img => { img.loading = "eager"; });
+Promise.all(imgs.map(img => img.decode().catch(() => null))).then(() => {
+  const outputs = Array.from(document.querySelectorAll("div.cell_output, div.output"));
+  const tracebacks = outputs
+    .filter(o => o.matches("div.output.traceback") || o.textContent.includes(arguments[0]))
+    .map(o => { const cell = o.closest("div.cell");
+                return {tagged: !!(cell && cell.classList.contains("tag_raises-exception")),
+                        text: o.textContent.slice(0, 200)}; });
+  const external = performance.getEntriesByType("resource").map(e => e.name)
+    .concat(Array.from(document.querySelectorAll("script[src], link[href], img[src], iframe[src]"))
+            .filter(e => !(e.tagName === "LINK" && ["index", "search", "next", "prev"].includes(e.rel)))
+            .map(e => e.src || e.href))
+    .filter(u => !u.startsWith(location.origin) && !u.startsWith("data:"));
+  done({
+    title: document.title,
+    h1: (document.querySelector("article h1, main h1") || {textContent: ""}).textContent,
+    images: imgs.map(i => ({src: i.getAttribute("src"), width: i.naturalWidth, title: i.closest("div.cell") ? "cell" : ""})),
+    tracebacks: tracebacks,
+    rawAnsi: outputs.filter(o => /\\x1b\\[/.test(o.textContent)).length,
+    external: external,
+    links: Array.from(document.querySelectorAll("a[href]")).map(a => a.href),
+    runBox: (document.querySelector(".course-run") || {textContent: ""}).textContent,
+    monospace: outputs.slice(0, 5).map(o => getComputedStyle(o.querySelector("pre") || o).fontFamily),
+  });
+});
+"""
+
+
+def heading(notebook: Path) -> str:
+    """The lesson's title as the browser shows it: its first Markdown heading, markup removed."""
+    cells = json.loads(notebook.read_text())["cells"]
+    first = next(c for c in cells if c["cell_type"] == "markdown")
+    line = next(l for l in "".join(first["source"]).splitlines() if l.startswith("# "))
+    return re.sub(r"[`*]", "", line[2:]).strip()
+
+
+@pytest.fixture(scope="module")
+def site():
+    """Every page visited once: {page: facts}, plus the console, the server log and the search."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with chromium.serve(SITE) as (base, requests), chromium.browser() as driver:
+        driver.set_script_timeout(30)
+        facts, console = {}, {}
+        for page in PAGES:
+            driver.get(f"{base}/{page}")
+            facts[page] = driver.execute_async_script(PAGE_FACTS, TRACEBACK)
+            console[page] = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+            if page == "index.html":
+                shot(driver, "landing.png")
+            if page == "lessons/04_collectives.html":
+                shot(driver, "lesson-04-top.png")
+                figure = driver.find_elements("css selector", "div.cell_output img")[0]
+                driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", figure)
+                shot(driver, "lesson-04-figure.png")
+        search = search_results(driver, base)
+        console["search.html"] = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        # links the browser did not visit: fetched once, so that the server log sees them all
+        visited = {f"{base}/{p}" for p in PAGES}
+        internal = {urldefrag(u)[0] for f in facts.values() for u in f["links"] if u.startswith(base)}
+        for url in sorted(internal - visited):
+            try:
+                urllib.request.urlopen(url, timeout=10).close()
+            except urllib.error.HTTPError:
+                pass  # the server log records the 404
+        yield {"facts": facts, "console": console, "requests": list(requests), "search": search,
+               "internal": internal}
+
+
+def shot(driver, name: str) -> None:
+    path = SCREENSHOTS / name
+    driver.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+
+
+def search_results(driver, base: str) -> list[str]:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{base}/search.html?q=all_reduce")
+    WebDriverWait(driver, 30).until(
+        lambda d: d.find_elements("css selector", "#search-results ul.search li")
+        or "did not match" in d.find_element("id", "search-results").text)
+    return [a.get_attribute("href") for a in driver.find_elements("css selector", "#search-results ul.search li a")]
+
+
+def test_every_lesson_page_has_its_title_and_run_commands(site):
+    assert len(LESSONS) >= 15
+    for name in LESSONS:
+        facts = site["facts"][f"lessons/{name}.html"]
+        title = heading(ROOT / "notebooks" / f"{name}.ipynb")
+        assert facts["title"].startswith(title + " \u2014 "), (name, facts["title"], title)
+        assert facts["h1"].strip().rstrip("#").strip() == title, (name, facts["h1"])
+        assert f"jupyter lab notebooks/{name}.ipynb" in facts["runBox"], name
+        assert re.search(r"(torchrun --standalone --nproc-per-node=\d|python) -m ddp_tutorial", facts["runBox"]), name
+
+
+def test_every_image_is_decoded(site):
+    figures = 0
+    for page, facts in site["facts"].items():
+        broken = [i["src"] for i in facts["images"] if i["width"] == 0]
+        assert not broken, f"{page}: images that did not load: {broken}"
+        figures += sum(1 for i in facts["images"] if i["title"] == "cell")
+    assert figures >= 20, f"only {figures} figures in the lessons' outputs"
+
+
+def test_tracebacks_only_where_the_lesson_means_them(site):
+    deliberate = 0
+    for page, facts in site["facts"].items():
+        stray = [t["text"] for t in facts["tracebacks"] if not t["tagged"]]
+        assert not stray, f"{page}: a traceback outside a raises-exception cell: {stray}"
+        deliberate += len(facts["tracebacks"])
+        assert facts["rawAnsi"] == 0, f"{page}: raw ANSI escape codes in an output"
+    assert deliberate >= 1, "02's deliberate failure is not shown: is the detector looking at the outputs?"
+
+
+def test_rank_logs_are_monospace(site):
+    fonts = site["facts"]["lessons/00_start_here.html"]["monospace"]
+    assert fonts and all("mono" in f.lower() or "courier" in f.lower() for f in fonts), fonts
+
+
+def test_console_has_no_severe_entries(site):
+    noisy = {page: [e["message"] for e in entries] for page, entries in site["console"].items() if entries}
+    assert not noisy, noisy
+
+
+def test_nothing_loads_from_outside_the_site(site):
+    outside = {page: f["external"] for page, f in site["facts"].items() if f["external"]}
+    assert not outside, outside
+
+
+def test_internal_links_resolve(site):
+    assert len(site["internal"]) > len(PAGES)  # the sidebar alone links every page
+    missing = sorted({path for status, path in site["requests"] if status >= 400})
+    assert not missing, f"404 and other errors from the server: {missing}"
+    assert any(path.startswith("/_static/mathjax/") for _, path in site["requests"]), "MathJax never loaded"
+
+
+def test_search_finds_all_reduce(site):
+    hits = site["search"]
+    assert hits, "search.html?q=all_reduce found nothing"
+    assert any("lessons/04_collectives.html" in h for h in hits), hits
+
+
+def test_screenshots_were_saved(site):
+    for name in ("landing.png", "lesson-04-top.png", "lesson-04-figure.png"):
+        path = SCREENSHOTS / name
+        assert path.stat().st_size > 10_000, path
