@@ -4,6 +4,7 @@
 #   make lab        Jupyter on notebooks/
 #   make notebooks  re-execute every notebook and store its outputs
 #   make nbval-portable  nbval again on torch's portable (default) and AVX2 CPU kernels
+#   make slurm-test lesson 15's sbatch scripts on a throwaway two-node Slurm, and elastic torchrun (root)
 #   make bench      the benchmark suite (python -m ddp_tutorial.bench all)
 #   make bench-reference  the same, saved as lesson 12's reference run (on an idle machine)
 PYTHON ?= python3
@@ -18,7 +19,7 @@ export PYTHONHASHSEED = 0
 # `make lab` checks the learner's copies.
 unit nbval nbval-portable notebooks: export DDP_TUTORIAL_EXERCISES_FRESH = 1
 
-.PHONY: install demo test unit nbval nbval-portable lab notebooks bench bench-reference doctor clean
+.PHONY: install demo test unit nbval nbval-portable lab notebooks bench bench-reference doctor clean slurm-test
 
 install: $(STAMP)
 
@@ -109,3 +110,20 @@ site-test: site $(BROWSER_STAMP)
 
 site-serve: site
 	$(PY) -m http.server --bind 127.0.0.1 --directory build/site 8000
+
+# Lesson 15's Slurm scripts and elastic torchrun, run for real (issue 17): a throwaway two-node
+# Slurm on this machine (munged, slurmctld, two slurmd; tests/cluster/slurm_cluster.py), always
+# torn down. Needs root and Debian's slurmctld slurmd slurm-client munge (installed when missing).
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+slurm-test: $(STAMP)
+	@missing=""; for cmd in munged mungekey slurmctld slurmd sbatch; do \
+	  PATH="$$PATH:/usr/sbin:/sbin" command -v $$cmd > /dev/null || missing="$$missing $$cmd"; done; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "slurm-test: needs root (slurmd runs each job's tasks as their user), this is uid $$(id -u)."; \
+	  [ -z "$$missing" ] || echo "slurm-test: also missing:$$missing; as root: apt-get install -y --no-install-recommends $(SLURM_PACKAGES)"; \
+	  echo "slurm-test: run it as root (CI, a container): sudo make slurm-test"; exit 1; fi; \
+	if [ -n "$$missing" ]; then \
+	  echo "slurm-test: installing $(SLURM_PACKAGES) (missing:$$missing)"; \
+	  apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) > /dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) > /dev/null; } || exit 1; fi
+	$(PY) -m pytest -p no:cacheprovider --durations=10 tests/cluster
