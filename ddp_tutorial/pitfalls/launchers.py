@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch.distributed as dist
 
-from ddp_tutorial.env import choose_backend, choose_device, launcher_variable, rank_info
+from ddp_tutorial.env import choose_backend, choose_device, launcher_variable, rank_info, whole_lines
 from ddp_tutorial.launch import LOCALHOST
 from ddp_tutorial.pitfalls.harness import clean_message
 
@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     # Written the old way on purpose: torch.distributed.launch passed --local_rank=N
     # (--local-rank=N since torch 2.0); torchrun passes nothing and sets LOCAL_RANK.
     parser.add_argument("--local_rank", type=int, default=0)
-    local_rank_report(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    whole_lines()  # torchrun's ranks share one stdout: keep each rank's line whole
+    local_rank_report(args)
     return 0
 
 
