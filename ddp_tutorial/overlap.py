@@ -23,6 +23,8 @@ gradient became ready and when each bucket's all-reduce started and finished.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import copy
 import gc
 import time
@@ -39,14 +41,14 @@ __all__ = ["RUNGS", "wrap_rung", "message_sizes", "stepper", "rank_batch", "expo
 RUNGS = ("naive", "flat", "bucketed", "torch")
 
 
-def wrap_rung(kind: str, model: nn.Module, group=None) -> nn.Module:
+def wrap_rung(kind: str, model: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
     """``kind``'s wrapper (``RUNGS``) around ``model``, communicating over ``group`` (default: the world)."""
     if kind == "torch":
         return nn.parallel.DistributedDataParallel(model, process_group=group)
     return WRAPPERS[kind](model, process_group=group)
 
 
-def message_sizes(kind: str, ddp: nn.Module, step) -> list[int]:
+def message_sizes(kind: str, ddp: nn.Module, step: Callable[[], object]) -> list[int]:
     """Elements of each all-reduce ``ddp`` issues in one step, in order (``step()`` runs one, for torch DDP)."""
     if kind == "naive":
         return [p.numel() for p in ddp.params]

@@ -9,11 +9,16 @@ and reports the ratios at 16 MB (``HEADLINE``) on 2 and 4 ranks.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.busbw import HEADLINE, KB, MB, memcpy_bandwidth, sweep
 from ddp_tutorial.ring import PIECE_BYTES
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
 
 HELP = "bus bandwidth of ring_all_reduce vs dist.all_reduce, 4 KB..64 MB, 2 and 4 ranks"
 DEFAULT_SIZES = [4 * KB * 4 ** i for i in range(8)]  # 4 KB ... 64 MB
@@ -51,7 +56,7 @@ def run(args: argparse.Namespace) -> Result:
     )
 
 
-def plot(result: Result, ax) -> None:
+def plot(result: Result, ax: Axes) -> None:
     from ddp_tutorial.plots import plot_busbw
 
     copy = [float(note.split(": ")[1].split()[0]) for note in result.notes if note.startswith("memcpy")]

@@ -20,6 +20,8 @@ the latency of one call, bandwidth the algbw for huge messages.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import time
 from typing import Callable
@@ -30,6 +32,9 @@ import torch.distributed as dist
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.collectives import all_gather_single, reduce_scatter_single  # this torch's names
 from ddp_tutorial.launch import spawn
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
 
 HELP = "time, algbw, busbw of every collective over sizes and world sizes, with an alpha-beta fit"
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "all_to_all",
@@ -179,7 +184,7 @@ def run(args: argparse.Namespace) -> Result:
                        f"1 thread per rank", columns=COLUMNS, rows=rows, ratios=ratios, notes=notes)
 
 
-def plot(result: Result, ax, ranks: int | None = None) -> None:
+def plot(result: Result, ax: Axes, ranks: int | None = None) -> None:
     """busbw against message size, one line per collective, for ``ranks`` (default: the most)."""
     ranks = ranks or max(r["ranks"] for r in result.rows)
     for op in dict.fromkeys(r["collective"] for r in result.rows):
@@ -193,7 +198,7 @@ def plot(result: Result, ax, ranks: int | None = None) -> None:
     ax.legend(fontsize=7)
 
 
-def plot_latency(result: Result, ax) -> None:
+def plot_latency(result: Result, ax: Axes) -> None:
     """The fitted latency (alpha) of each collective, one bar per world size."""
     fitted = fits(result.rows)
     ops = list(dict.fromkeys(f["collective"] for f in fitted))

@@ -11,6 +11,8 @@ torch DDP, ``BucketedDDP``, ``FlatDDP``, ``NaiveDDP``. The lesson's own measurem
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import copy
 import gc
@@ -23,6 +25,9 @@ from ddp_tutorial.env import rank_device
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.overlap import rank_batch, stepper
 from ddp_tutorial.timing import take_turns
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
 
 HELP = "BucketedDDP / FlatDDP / NaiveDDP vs torch DDP step time (~1M params, 2 ranks)"
 KINDS = ("local", "torch", "bucketed", "flat", "naive")
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace) -> Result:
 SHORT_LABELS = {"no communication (floor)": "floor\n(no comm.)", "torch DDP": "torch\nDDP"}
 
 
-def plot(result: Result, ax) -> None:
+def plot(result: Result, ax: Axes) -> None:
     ax.bar([SHORT_LABELS.get(r["model"], r["model"]) for r in result.rows], [r["best ms/step"] for r in result.rows])
     ax.set_ylabel("ms per step")
     ax.set_title("DDP step time, ~1M params")

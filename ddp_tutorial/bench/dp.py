@@ -16,6 +16,8 @@ step of ``DeepMLP`` (~1M parameters), global batch ``--batch-size``:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import time
 from typing import Callable
@@ -28,6 +30,9 @@ from torch.nn import functional as F
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.models import DeepMLP
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
 
 HELP = "DataParallel (threads, 1 process) vs DDP (processes) training throughput, same model"
 
@@ -140,7 +145,7 @@ def run(args: argparse.Namespace) -> Result:
     )
 
 
-def plot(result: Result, ax) -> None:
+def plot(result: Result, ax: Axes) -> None:
     names = [r["setup"].replace(", ", "\n") for r in result.rows]
     ax.bar(names, [r["samples_per_s"] for r in result.rows], color=["grey", "tab:orange", "tab:blue"])
     ax.set_ylabel("samples / s (higher is better)")

@@ -8,6 +8,8 @@ server that imported torch once (see ``00_start_here``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import os
 
@@ -18,6 +20,9 @@ import torch.multiprocessing as tmp
 from ddp_tutorial.bench.common import Result, timed
 from ddp_tutorial.hello import all_reduce_ranks
 from ddp_tutorial.launch import LOCALHOST, free_port, spawn
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
 
 HELP = "warm launch.spawn vs torch.multiprocessing.spawn (2 ranks, init + all-reduce)"
 
@@ -66,7 +71,7 @@ def run(args: argparse.Namespace) -> Result:
     )
 
 
-def plot(result: Result, ax) -> None:
+def plot(result: Result, ax: Axes) -> None:
     ax.bar([r["launcher"].split(" ")[0] for r in result.rows], [r["seconds"] for r in result.rows])
     ax.set_ylabel("seconds per launch")
     ax.set_title("launch cost, 2 ranks")

@@ -8,6 +8,8 @@ of the stages and the ideal bubble ``(S - 1) / (M + S - 1)`` (``09_model_paralle
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 
 import torch
@@ -15,6 +17,9 @@ import torch
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.model_parallel import ToyMpModel
 from ddp_tutorial.pipeline import bubble_fraction, measure_pipeline
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
 
 HELP = "split model: naive two-stage forward vs micro-batch pipeline (wall time, idle share)"
 
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> Result:
     )
 
 
-def plot(result: Result, ax) -> None:
+def plot(result: Result, ax: Axes) -> None:
     m = [r["micro_batches"] for r in result.rows]
     ax.plot(m, [r["speedup"] for r in result.rows], "o-", label="measured")
     ax.plot(m, [2 * k / (k + 1) for k in m], "--", label="ideal 2M/(M+1)")

@@ -13,12 +13,17 @@ memory, not time: on gloo a reduce-scatter is an all-reduce of the whole buffer.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.fsdp import all_footprints
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.memory import STRATEGIES, TinyTransformer, table_rows
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
 
 HELP = "bytes per rank (params, grads, optimizer state) of DDP, ZeRO-1, ZeRO-2, FSDP2 at 1, 2, 4 ranks"
 TARGETS = {"ZeRO-1 optimizer state / DDP's, 2 ranks": 0.6, "FSDP2 steady total / DDP's, 4 ranks": 0.3}
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> Result:
     )
 
 
-def plot(result: Result, ax) -> None:
+def plot(result: Result, ax: Axes) -> None:
     from ddp_tutorial.plots.sharding import plot_bytes_per_rank
 
     plot_bytes_per_rank([r for r in result.rows if r["strategy"] in STRATEGIES], ax)

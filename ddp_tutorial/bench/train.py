@@ -10,6 +10,8 @@ all-reducing the gradients every step is what keeps it below. Used by
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import statistics
 import time
@@ -22,6 +24,9 @@ from ddp_tutorial.bench.common import Result
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.train import TrainConfig, build
+
+if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
+    from matplotlib.axes import Axes
 
 HELP = "DDP training throughput, 2 processes vs 1 (one thread each), digits and fake 32x32"
 
@@ -128,7 +133,7 @@ def run(args: argparse.Namespace) -> Result:
                   rows=rows, ratios=ratios, notes=notes)
 
 
-def plot(result: Result, ax) -> None:
+def plot(result: Result, ax: Axes) -> None:
     names = list(dict.fromkeys(r["data"] for r in result.rows))
     keys = list(dict.fromkeys(r["processes"] for r in result.rows))
     width = 0.8 / len(keys)
