@@ -62,7 +62,7 @@ myst_update_mathjax = False
 mathjax2_config = {
     "tex2jax": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]],
                 "processEscapes": True, "ignoreClass": "highlight|output|cell_output"},
-    "HTML-CSS": {"availableFonts": [], "webFont": "STIX-Web", "imageFont": None},
+    "HTML-CSS": {"availableFonts": [], "webFont": "STIX-Web", "imageFont": None, "scale": 90},
     "menuSettings": {"zoom": "None"},
     "showMathMenu": False,
     "messageStyle": "none",

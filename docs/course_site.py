@@ -9,6 +9,7 @@ rebuilds only what changed. Every lesson page gets a "Run this lesson" box (``le
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import pkgutil
 import re
@@ -75,7 +76,9 @@ def api_pages() -> dict[str, str]:
     for page, title, _ in API_GROUPS:
         lines = [title, "=" * len(title), ""]
         for module in (m for m in modules if api_group(m) == page):
-            lines += [f"``{module}``", "-" * (len(module) + 4), "", f".. automodule:: {module}", ""]
+            # what a module defines, not what its __all__ re-exports: one entry per object
+            lines += [f"``{module}``", "-" * (len(module) + 4), "", f".. automodule:: {module}",
+                      "   :ignore-module-all:", ""]
         pages[page] = "\n".join(lines)
     index = ["API reference", "=============", "",
              "Generated from the docstrings of the installed ``ddp_tutorial`` package.", "",
@@ -85,16 +88,16 @@ def api_pages() -> dict[str, str]:
 
 
 def exercises_table() -> str:
-    """A Markdown table of every exercise: number, level, lesson (linked), task, how to check it."""
+    """One Markdown section per exercise: number, name, level, lesson (linked), task, how to check it."""
     from ddp_tutorial.exercises.registry import EXERCISES
 
-    rows = ["| # | exercise | level | lesson | task | check it |", "|---|---|---|---|---|---|"]
+    out = []
     for e in EXERCISES.values():
         lesson = Path(e.notebook).stem
-        task = e.task.replace("|", "\\|").replace("\n", " ")
-        rows.append(f"| {e.number} | `{e.name}` | {e.level} | [{lesson[:2]}](lessons/{lesson}.ipynb) | "
-                    f"{task} | `python -m ddp_tutorial.exercises check {e.name}` |")
-    return "\n".join(rows)
+        out += [f"## {e.number} `{e.name}`: {e.title}", "",
+                f"**{e.level}**, in [lesson {lesson[:2]}](lessons/{lesson}.ipynb). {e.task}", "",
+                "```bash", f"python -m ddp_tutorial.exercises check {e.name}", "```", ""]
+    return "\n".join(out)
 
 
 def bench_tables() -> str:
@@ -105,7 +108,9 @@ def bench_tables() -> str:
            f"{machine['cuda_devices']} GPUs), torch {machine['torch']}, Python {machine['python']}, "
            f"in {machine['seconds']} s.", ""]
     for result in run:
-        out += [f"## {result['name']}", "", "| " + " | ".join(result["columns"]) + " |",
+        command, _, what = result["name"].partition(": ")
+        out += [f"## `bench {command}`", "", f"*{what}*" if what else "", "",
+                "| " + " | ".join(result["columns"]) + " |",
                 "|" + "---:|" * len(result["columns"])]
         for row in result["rows"]:
             cells = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in (row.get(c, "") for c in result["columns"])]
@@ -155,7 +160,7 @@ def add_run_box(app: Sphinx, doctree: nodes.document) -> None:
                        location=docname)
     box = nodes.admonition(classes=["course-run", "tip"])
     box += nodes.title(text="Run this lesson")
-    box += nodes.paragraph(text="In Jupyter, from the repository (after make test or make lab installed .venv):")
+    box += nodes.paragraph(text="In Jupyter, from a clone of the repository:")
     box += nodes.literal_block(jupyter, jupyter, language="bash")
     if shell:
         box += nodes.paragraph(text="From a shell, the modules this lesson runs (on GPUs nothing changes):")
@@ -212,4 +217,8 @@ def setup(app: Sphinx) -> dict:
     app.connect("doctree-read", add_run_box)
     app.connect("build-finished", copy_mathjax)
     app.connect("autodoc-process-docstring", plain_docstring_to_rst)
-    return {"parallel_read_safe": True, "parallel_write_safe": True}
+    # what this extension adds to the pages depends on this file and lessons.py: when they
+    # change, Sphinx reads every page again instead of keeping the old run boxes
+    code = b"".join(p.read_bytes() for p in (Path(__file__), Path(lessons.__file__)))
+    return {"parallel_read_safe": True, "parallel_write_safe": True,
+            "env_version": int(hashlib.sha256(code).hexdigest()[:8], 16)}

@@ -29,8 +29,11 @@ class Command:
     def line(self) -> str:
         launcher = ("python" if self.nproc is None
                     else f"torchrun --standalone --nproc-per-node={self.nproc}")
-        text = f"{launcher} -m {self.dotted}" + (f" {self.args}" if self.args else "")
-        return f"{text}  # {self.comment}" if self.comment else text
+        return f"{launcher} -m {self.dotted}" + (f" {self.args}" if self.args else "")
+
+    def lines(self) -> list[str]:
+        """The command, after its comment on a line of its own (a page is ~80 columns wide)."""
+        return ([f"# {self.comment}"] if self.comment else []) + [self.line()]
 
 
 def python(module: str, args: str = "", comment: str = "") -> Command:
@@ -71,10 +74,7 @@ def lesson_names(notebooks: Path) -> list[str]:
 
 def run_instructions(lesson: str) -> tuple[str, str]:
     """(Jupyter commands, shell commands) for a lesson; the shell part is "" without an entry."""
-    jupyter = "\n".join([
-        "make lab                                   # Jupyter Lab on notebooks/, the course's kernel",
-        f"# then open {lesson}.ipynb, or directly:",
-        f"source .venv/bin/activate && jupyter lab notebooks/{lesson}.ipynb",
-    ])
-    shell = "\n".join(["source .venv/bin/activate"] + [c.line() for c in COMMANDS.get(lesson, ())])
+    jupyter = "\n".join([f"make lab    # Jupyter Lab on notebooks/: open {lesson}.ipynb", "# or",
+                          f".venv/bin/jupyter lab notebooks/{lesson}.ipynb"])
+    shell = "\n".join(["source .venv/bin/activate"] + [l for c in COMMANDS.get(lesson, ()) for l in c.lines()])
     return jupyter, shell if lesson in COMMANDS else ""

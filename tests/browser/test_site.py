@@ -33,7 +33,6 @@ LESSONS = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
 PAGES = ["index.html"] + [f"lessons/{name}.html" for name in LESSONS] + [
     "exercises.html", "benchmarks.html", "api/index.html", "api/lessons.html", "api/launch.html"]
 TRACEBACK = "Traceback (most recent call last)"
-ANSI = re.compile(r"\x1b\[|\[\d+(;\d+)*m\w")  # an escape code left raw instead of coloured
 
 if chromium.missing():
     pytest.skip(chromium.missing(), allow_module_level=True)
@@ -41,7 +40,7 @@ if not (SITE / "index.html").exists():
     pytest.fail("build/site is not built: run `make site` first", pytrace=False)
 
 # Runs in the page: waits for every image, then reports what the tests check.
-PAGE_FACTS = """
+PAGE_FACTS = r"""
 const done = arguments[arguments.length - 1];
 const imgs = Array.from(document.images);
 imgs.forEach(img => { img.loading = "eager"; });
@@ -62,11 +61,13 @@ Promise.all(imgs.map(img => img.decode().catch(() => null))).then(() => {
     h1: (document.querySelector("article h1, main h1") || {textContent: ""}).textContent,
     images: imgs.map(i => ({src: i.getAttribute("src"), width: i.naturalWidth, title: i.closest("div.cell") ? "cell" : ""})),
     tracebacks: tracebacks,
-    rawAnsi: outputs.filter(o => /\\x1b\\[/.test(o.textContent)).length,
+    rawAnsi: outputs.filter(o => /\x1b\[|\[0;3\dm/.test(o.textContent)).length,
     external: external,
     links: Array.from(document.querySelectorAll("a[href]")).map(a => a.href),
     runBox: (document.querySelector(".course-run") || {textContent: ""}).textContent,
-    monospace: outputs.slice(0, 5).map(o => getComputedStyle(o.querySelector("pre") || o).fontFamily),
+    rankLogs: Array.from(document.querySelectorAll("div.cell_output pre"))
+      .filter(p => /^\[rank \d+\] /m.test(p.textContent))
+      .map(p => ({font: getComputedStyle(p).fontFamily, whiteSpace: getComputedStyle(p).whiteSpace})),
   });
 });
 """
@@ -159,8 +160,11 @@ def test_tracebacks_only_where_the_lesson_means_them(site):
 
 
 def test_rank_logs_are_monospace(site):
-    fonts = site["facts"]["lessons/00_start_here.html"]["monospace"]
-    assert fonts and all("mono" in f.lower() or "courier" in f.lower() for f in fonts), fonts
+    logs = [log for facts in site["facts"].values() for log in facts["rankLogs"]]
+    assert len(site["facts"]["lessons/00_start_here.html"]["rankLogs"]) >= 2, "00 shows [rank N] logs"
+    for log in logs:
+        assert "mono" in log["font"].lower(), log
+        assert log["whiteSpace"].startswith("pre"), log  # one log line per line
 
 
 def test_console_has_no_severe_entries(site):
