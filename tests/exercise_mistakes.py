@@ -85,6 +85,13 @@ MISTAKES = {
     "ring calls dist.all_reduce": (
         "ring_all_reduce", HEAD + "def ring_all_reduce(tensor):\n    dist.all_reduce(tensor)\n    return tensor\n",
         ["rank 0", "NotAllowed", "dist.all_reduce", "at line 6"], 20),
+    "ring calls the course's own ring_all_reduce": (
+        "ring_all_reduce", HEAD + "from ddp_tutorial.ring import ring_all_reduce as course_ring\n\n\n"
+        "def ring_all_reduce(tensor):\n    return course_ring(tensor)\n",
+        ["rank 0", "NotAllowed", "imports ddp_tutorial.ring:", "write this yourself"], 20),
+    "ring copies the solution": (
+        "ring_all_reduce", HEAD + "from ddp_tutorial.exercises.solutions.ring_all_reduce import ring_all_reduce\n",
+        ["NotAllowed", "imports ddp_tutorial.exercises.solutions"], 20),
     "ring receives a chunk smaller than the message": (
         "ring_all_reduce", RING_START.replace("dist.isend(chunks[send]", "dist.isend(tensor.view(-1)")  # all of it
         + REDUCE_SCATTER + ALL_GATHER + "    return tensor\n",

@@ -172,3 +172,13 @@ def test_python_dash_m_lists_the_exercises():
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert all(name in out.stdout for name in NAMES)
+
+
+def test_imported_module_finds_every_spelling_of_an_import():
+    from ddp_tutorial.exercises.harness import imported_module
+    refused = ("ddp_tutorial.ring",)
+    assert imported_module("import ddp_tutorial.ring as r\n", refused) == "ddp_tutorial.ring"
+    assert imported_module("from ddp_tutorial import ring\n", refused) == "ddp_tutorial.ring"
+    assert imported_module("def f():\n    from ddp_tutorial.ring import segment_bounds\n", refused) == "ddp_tutorial.ring"
+    assert imported_module("import ddp_tutorial.ringside\nfrom ddp_tutorial import p2p\n", refused) is None
+    assert imported_module("from . import ring\n", refused) is None  # relative: not the course's package

@@ -10,6 +10,7 @@ anywhere: a rank that stopped alone would leave the others waiting for it.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import sys
 import types
@@ -20,27 +21,54 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.env import rank_device
-from ddp_tutorial.exercises.tracing import Trace, original
+from ddp_tutorial.exercises.tracing import NotAllowed, Trace, original
 
 # (label, run): run() returns None when this rank's result is right, else what is wrong
 Case = tuple[str, Callable[[], "str | None"]]
 Report = dict[str, Any]
 
 _loaded = itertools.count()
+# Every exercise's answer is in the course: a learner's file that imports it checks nothing.
+SOLUTIONS = "ddp_tutorial.exercises.solutions"
 
 
-def load_function(source: str, function: str) -> Callable[..., Any]:
+def imported_module(text: str, modules: Sequence[str]) -> str | None:
+    """The first import in ``text`` of one of ``modules`` (or of a module inside one), else None.
+
+    ``from ddp_tutorial import ring`` counts as importing ``ddp_tutorial.ring``.
+    """
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if any(name == m or name.startswith(m + ".") for m in modules):
+                return name
+    return None
+
+
+def load_function(source: str, function: str, *, refuse: Sequence[str] = ()) -> Callable[..., Any]:
     """Execute the file ``source`` as a new module and return its ``function``.
 
     Compiled from the text on disk each time (no ``__pycache__``: a quick edit of
-    the same size within a second would otherwise load the old bytecode).
+    the same size within a second would otherwise load the old bytecode). A file that
+    imports the solutions, or one of the course modules in ``refuse`` (the exercise's own
+    answer, e.g. ``ddp_tutorial.ring`` for ``ring_all_reduce``), raises ``NotAllowed``.
     """
     path = Path(source)
+    text = path.read_text(encoding="utf-8")
+    used = imported_module(text, (SOLUTIONS, *refuse))
+    if used:
+        raise NotAllowed(f"{path.name} imports {used}: the exercise is to write this yourself, "
+                         f"not to call the course's own version")
     name = f"exercise_{path.stem}_{next(_loaded)}"
     module = types.ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module  # dataclasses and pickling look modules up by name
-    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), module.__dict__)
+    exec(compile(text, str(path), "exec"), module.__dict__)
     fn = getattr(module, function, None)
     if not callable(fn):
         raise AttributeError(f"{path.name} defines no function {function}() (the checker calls it by that name)")

@@ -98,7 +98,7 @@ def traffic(trace: Trace, world_size: int, numel: int) -> str | None:
 def ring_all_reduce_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
     """Every shape and dtype in ``SHAPES``, compared element by element with ``dist.all_reduce``."""
     with traced(rank, trace_dir, forbid=COLLECTIVES, reason=POINT_TO_POINT_ONLY) as trace:
-        fn = load_function(source, function)
+        fn = load_function(source, function, refuse=("ddp_tutorial.ring",))
 
         def case(shape: tuple[int, ...], dtype: torch.dtype) -> str | None:
             x = ring_input(rank, shape, dtype)
