@@ -52,6 +52,7 @@ html_theme_options = {
     "use_fullscreen_button": False,
     "navigation_with_keys": False,
     "show_toc_level": 2,
+    "navbar_persistent": [],  # the sidebar has the search field: no second one in a top bar
 }
 
 # MathJax 2 from a local copy (course_site copies the jupyter-server-mathjax wheel's files
