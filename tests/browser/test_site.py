@@ -34,8 +34,8 @@ PAGES = (["index.html"] + [f"lessons/{name}.html" for name in LESSONS] + ["exerc
          + sorted(f"api/{p.name}" for p in (SITE / "api").glob("*.html")))
 TRACEBACK = "Traceback (most recent call last)"
 
-if chromium.missing():
-    pytest.skip(chromium.missing(), allow_module_level=True)
+if chromium.missing():  # make site-test asked for the browser: say what is missing, never skip quietly
+    pytest.fail(chromium.missing(), pytrace=False)
 if not (SITE / "index.html").exists():
     pytest.fail("build/site is not built: run `make site` first", pytrace=False)
 
