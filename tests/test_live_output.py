@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pty
 import queue
+import re
 import select
 import subprocess
 import sys
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.timeout(180)
 
 TESTS = Path(__file__).parent
 TICKS = 6  # seconds the ticking worker runs: one line per rank per second
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # IPython colours its tracebacks
 
 
 # ---- a real Jupyter kernel ---------------------------------------------------------------
@@ -73,13 +75,21 @@ def text_of(msg: dict) -> str:
     return content.get("data", {}).get("text/plain", "")
 
 
+def live_texts(received) -> list[str]:
+    return [text_of(msg) for _, msg in received if msg["msg_type"] in ("display_data", "update_display_data")]
+
+
 def test_in_jupyter_rank_lines_arrive_while_the_cell_runs_and_the_relay_stays(kernel):
     _, kc = kernel
-    run_cell(kc, "spawn(w.identify, 2)")  # starts the forkserver: not what is measured
+    # warm_up starts the forkserver (not what is measured), saying so while it does, then nothing
+    warm = run_cell(kc, "from ddp_tutorial.launch import warm_up\nwarm_up()")
+    assert live_texts(warm)[0].startswith("starting the launcher") and live_texts(warm)[-1] == "", live_texts(warm)
+    assert not [m for _, m in warm if m["msg_type"] in ("stream", "execute_result", "error")]
     received = run_cell(kc, f"results = spawn(w.tick, 2, args=({TICKS},), timeout=60)")
     start, end = received[0][0], received[-1][0]
     live = [(t, msg) for t, msg in received if msg["msg_type"] in ("display_data", "update_display_data")]
     assert live, [m["msg_type"] for _, m in received]
+    assert not any("starting" in text_of(msg) for _, msg in live), "a warm launch said it was starting"
     first = next(t for t, msg in live if "[rank 0] tick 0 of rank 0" in text_of(msg))
     # The ranks print for TICKS seconds after their first line: it must not wait for them.
     assert end - first >= TICKS - 2, f"first line after {first - start:.1f} s, cell took {end - start:.1f} s"
@@ -118,13 +128,20 @@ def test_interrupting_the_kernel_ends_every_rank_and_the_kernel_lives_on(kernel,
     code = f"spawn(w.tick, 2, args=(600, {str(pid_dir)!r}), timeout=900)"
     received = run_cell(kc, code, timeout=150, during=interrupt_once_both_ranks_run)
     assert interrupted, "the cell ended before it was interrupted: " + repr([m["content"] for _, m in received])
+    # the first launch in this kernel: a person watching was told it was starting
+    assert live_texts(received)[0].startswith("starting 2 ranks"), live_texts(received)[:1]
+    assert received[-1][0] - interrupted[0] < 2, "the cell went on for seconds after the interrupt"
     errors = [msg["content"] for _, msg in received if msg["msg_type"] == "error"]
-    assert errors and errors[0]["ename"] == "KeyboardInterrupt", errors
+    assert len(errors) == 1 and errors[0]["ename"] == "LaunchInterrupted", errors  # a KeyboardInterrupt
+    assert errors[0]["evalue"] == "ranks 0-1 stopped, nothing left running"
+    # the learner's cell and the one-line message; none of the launcher's waiting loop
+    traceback = ANSI.sub("", "\n".join(errors[0]["traceback"]))
+    assert "----> 1 spawn(w.tick" in traceback and traceback.rstrip().endswith(
+        "LaunchInterrupted: ranks 0-1 stopped, nothing left running"), traceback
+    assert "File " not in traceback and "skipping hidden" not in traceback, traceback
+    assert len(traceback.strip().splitlines()) <= 6, traceback
     pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
-    deadline = time.monotonic() + 5
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in pids if alive(p)], "ranks outlived the interrupted cell"
+    assert not [p for p in pids if alive(p)], "ranks outlived the interrupted cell that said they stopped"
     assert km.is_alive()
     result = run_cell(kc, "40 + 2")
     assert [text_of(m) for _, m in result if m["msg_type"] == "execute_result"] == ["42"]

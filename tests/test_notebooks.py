@@ -116,7 +116,7 @@ def test_stored_as_jupyterlab_saves_it(path):
         hidden = cell.metadata.get("jupyter", {}).get("outputs_hidden", False)
         if cell.cell_type == "code" and (hidden or "collapsed" in cell.metadata):
             assert cell.metadata.get("collapsed") is True and hidden, \
-                f"{path.name} cell {index}: outputs hidden needs metadata collapsed: true and jupyter.outputs_hidden: true"
+                f"{path.name} cell {index}: hidden outputs need collapsed: true and jupyter.outputs_hidden: true"
     # the server writes with nbformat.write: indent 1, sorted keys, lines split, a final newline
     assert text == nbformat.writes(nb, version=nbformat.NO_CONVERT) + "\n", \
         f"{path.name} is not stored as Jupyter writes it: re-save it with nbformat.write"

@@ -16,7 +16,11 @@ Why not ``torch.multiprocessing.spawn``? Three reasons a notebook feels:
   forked from a *forkserver* that imported torch once, so a warm launch costs tens
   of milliseconds (``python -m ddp_tutorial.bench launch`` measures it).
 - A failing or hanging rank must not freeze the kernel: it becomes a
-  ``WorkerError`` / ``WorkerTimeout`` and every child is stopped.
+  ``WorkerError`` / ``WorkerTimeout`` and every child is stopped. So does Ctrl-C
+  (Jupyter's stop button): ``LaunchInterrupted``, a ``KeyboardInterrupt`` whose
+  one line says the ranks stopped, with none of the launcher's frames.
+- ``warm_up()`` starts the forkserver ahead of time (notebooks do, before anything
+  is timed); until the first ranks print, a person watching sees "starting 2 ranks...".
 
 The rendezvous store is hosted by the parent on a port the kernel picks
 (127.0.0.1 by default), so two launches never race for a port. Children join it
@@ -27,7 +31,7 @@ and returns its exit code and output (used from ``08_torchrun`` on).
 
 The modules, parent to child:
 - ``spawner``: ``spawn``, the parent's side; ``spec``: ``LaunchSpec``, one launch's settings;
-- ``child``: what runs in each rank; ``errors``: ``WorkerError``, ``WorkerTimeout``;
+- ``child``: what runs in each rank; ``errors``: ``WorkerError``, ``WorkerTimeout``, ``LaunchInterrupted``;
 - ``output``: reading the ranks' output; ``live``: showing it while they run;
 - ``commands``: ``torchrun`` and any launcher command, with a timeout and no orphans;
 - ``procs``: the process tree, stopping a process group, Ctrl-C held back meanwhile.
@@ -35,9 +39,10 @@ The modules, parent to child:
 
 from ddp_tutorial.launch.commands import (TorchrunError, TorchrunResult, run_command, torchrun,  # noqa: F401
                                           torchrun_command)
-from ddp_tutorial.launch.errors import WorkerError, WorkerTimeout  # noqa: F401
-from ddp_tutorial.launch.spawner import spawn  # noqa: F401
+from ddp_tutorial.launch.errors import LaunchInterrupted, WorkerError, WorkerTimeout  # noqa: F401
+from ddp_tutorial.launch.spawner import spawn, warm_up  # noqa: F401
 from ddp_tutorial.launch.spec import LOCALHOST, PLAIN_TEXT, LaunchSpec, free_port, watched_live  # noqa: F401
 
-__all__ = ["spawn", "torchrun", "torchrun_command", "run_command", "free_port", "watched_live", "LaunchSpec",
-           "WorkerError", "WorkerTimeout", "TorchrunError", "TorchrunResult", "LOCALHOST", "PLAIN_TEXT"]
+__all__ = ["spawn", "warm_up", "torchrun", "torchrun_command", "run_command", "free_port", "watched_live",
+           "LaunchSpec", "WorkerError", "WorkerTimeout", "LaunchInterrupted", "TorchrunError", "TorchrunResult",
+           "LOCALHOST", "PLAIN_TEXT"]

@@ -11,6 +11,7 @@ import sys
 import traceback
 from contextlib import contextmanager
 from datetime import timedelta
+from multiprocessing import forkserver as mp_forkserver
 from multiprocessing import spawn as mp_spawn
 from multiprocessing.connection import Connection
 from typing import Iterator
@@ -54,6 +55,19 @@ def context() -> mp.context.BaseContext:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
+
+
+def is_warm() -> bool:
+    """True when the forkserver already runs, torch imported: a launch then starts in milliseconds.
+
+    Read from multiprocessing's own record of its server (``False`` where it keeps none).
+    """
+    server = getattr(mp_forkserver, "_forkserver", None)
+    return sys.platform != "win32" and getattr(server, "_forkserver_pid", None) is not None
+
+
+def no_op() -> None:
+    """What ``launch.warm_up`` runs: a process forked from the forkserver, doing nothing."""
 
 
 def run_rank(spec: LaunchSpec, rank: int, env: dict, out_path: str, conn: Connection) -> None:

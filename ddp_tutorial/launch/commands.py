@@ -17,10 +17,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ddp_tutorial.launch.procs import descendants, interrupts_held_back, signal_group
+from ddp_tutorial.launch.errors import LaunchInterrupted, stopped_message
+from ddp_tutorial.launch.live import LiveView, choose_view
+from ddp_tutorial.launch.procs import descendants, interrupts_held_back, signal_group, still_running
 from ddp_tutorial.launch.spec import PLAIN_TEXT
 
 OnLine = Callable[[str, subprocess.Popen], None]
+STATUS_SECONDS, STATUS_WIDTH = 0.1, 120  # torchrun's status line: how often it changes, how long it gets
 
 
 @dataclass
@@ -72,18 +75,43 @@ def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,
     caller's setting, else 1, as torchrun itself does). ``on_line(line, proc)``
     sees each line as it arrives, with the torchrun process (to signal it, say).
     Raises ``TorchrunError`` (with the whole output) on a non-zero exit when
-    ``check`` is true, and ``TimeoutError`` after ``timeout`` seconds; either way
-    torchrun and all its workers are gone when this returns.
+    ``check`` is true, ``TimeoutError`` after ``timeout`` seconds, and
+    ``LaunchInterrupted`` on Ctrl-C; either way torchrun and all its workers are
+    gone when this returns. Until it ends, a person watching (Jupyter, a terminal)
+    sees one status line: what is starting, then torchrun's latest line.
     """
+    __tracebackhide__ = True  # an interrupt's traceback shows the caller's frames (errors.LaunchInterrupted)
     cmd = torchrun_command(module, nproc_per_node, args, **opts)
     run_env = dict(os.environ if env is None else env)
     if threads is not None:
         run_env["OMP_NUM_THREADS"] = str(threads)
     run_env.setdefault("OMP_NUM_THREADS", "1")  # set, so that torchrun need not warn that it sets it
-    result = run_command(cmd, timeout=timeout, env=run_env, name="torchrun", on_line=on_line)
+    view = choose_view()
+    if view is not None:
+        # Silent otherwise: torchrun and every worker import torch first (seconds).
+        view.status(f"starting torchrun with {nproc_per_node} processes (each imports torch: a few seconds)...")
+        on_line = _also_shown(view, on_line)
+    try:
+        result = run_command(cmd, timeout=timeout, env=run_env, name="torchrun", on_line=on_line)
+    finally:
+        if view is not None:
+            view.close()
     if check and result.returncode != 0:
         raise TorchrunError(result, cmd)
     return result
+
+
+def _also_shown(view: LiveView, on_line: OnLine | None) -> OnLine:
+    """``on_line``, and the view's status line showing the latest line (ten times a second at most)."""
+    shown_at = [0.0]
+
+    def both(line: str, proc: subprocess.Popen) -> None:
+        if line.strip() and time.monotonic() - shown_at[0] >= STATUS_SECONDS:
+            view.status(f"torchrun: {line.strip()}"[:STATUS_WIDTH])
+            shown_at[0] = time.monotonic()
+        if on_line is not None:
+            on_line(line, proc)
+    return both
 
 
 def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, name: str = "",
@@ -92,8 +120,10 @@ def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, 
 
     The command runs in a session of its own, unbuffered (``PYTHONUNBUFFERED``), so
     lines arrive as they are printed. ``TimeoutError`` after ``timeout`` seconds,
-    with the output so far; ``name`` names the command in that message.
+    with the output so far; ``name`` names the command in that message. Ctrl-C:
+    ``LaunchInterrupted``, once the command and what it started are stopped.
     """
+    __tracebackhide__ = True
     run_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1", **PLAIN_TEXT)
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env,
                             start_new_session=True)
@@ -104,8 +134,18 @@ def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, 
             raise subprocess.TimeoutExpired(cmd, timeout)
         proc.wait(max(0.0, deadline - time.monotonic()))
     except BaseException as exc:  # the timeout, or Ctrl-C
-        with interrupts_held_back():  # pressed again meanwhile: only once everything is stopped
-            _stop(proc)
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        try:
+            with interrupts_held_back():  # pressed again meanwhile: only once everything is stopped
+                # Ctrl-C: a person waits, so a short grace (torchrun's workers may take seconds to
+                # wind down after its SIGTERM); a timeout: time for torchrun to stop them itself.
+                started = _stop(proc, grace=1.0 if interrupted else 5.0)
+        except KeyboardInterrupt:  # the one held back, now that everything is stopped
+            interrupted = True
+        if interrupted:
+            what = f"{name or os.path.basename(cmd[0])} and the {len(started)} processes it started"
+            pids = [proc.pid, *started]
+            raise LaunchInterrupted(stopped_message(what, pids, still_running(pids))) from None
         if not isinstance(exc, subprocess.TimeoutExpired):
             raise
         reader.read_until_closed(time.monotonic() + 10.0)  # the rest, unless something unknown holds the pipe
@@ -157,8 +197,8 @@ class _Lines:
         return "".join(self._chunks)
 
 
-def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """Stop the launcher and every process it started.
+def _stop(proc: subprocess.Popen, grace: float = 5.0) -> list[int]:
+    """Stop the launcher and every process it started; return the pids of the latter.
 
     torchrun starts each worker in a session of its own, so killing torchrun's
     process group would leave the workers running (and holding the output pipe
@@ -174,3 +214,4 @@ def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
     signal_group(proc.pid, signal.SIGKILL, leader_too=False)
     for pid in started:  # each worker leads a process group: it and what it started
         signal_group(pid, signal.SIGKILL)
+    return started

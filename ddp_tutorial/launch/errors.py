@@ -1,7 +1,9 @@
-"""How ``launch.spawn`` reports ranks that failed: the error types and which rank caused it."""
+"""How the launchers report trouble: ranks that failed (and which caused it), an interrupt."""
 
 from __future__ import annotations
 
+import traceback
+from types import TracebackType
 from typing import Sequence
 
 # A rank's report: (message, remote traceback, stage), stage "init" (setting up the group) or "run".
@@ -62,3 +64,56 @@ def worker_error(errors: dict[int, Report]) -> WorkerError:
     if others:
         message += f" (ranks {others} failed too, probably as a consequence)"
     return WorkerError(rank, message, remote_tb)
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """Ctrl-C (Jupyter's stop button) during a launch; raised once everything it started is stopped.
+
+    The message says what happened to the processes ("ranks 0-1 stopped, nothing left
+    running"). It is a ``KeyboardInterrupt``, so a notebook's "Run All" stops at it. In
+    Jupyter its traceback shows only the learner's frames: the launcher's waiting loop
+    is noise there (its frames set ``__tracebackhide__``, the convention of IPython and pytest).
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython's hook for exceptions that render their own traceback (ipyparallel uses it)
+        try:
+            from IPython import get_ipython
+
+            return get_ipython().InteractiveTB.structured_traceback(
+                type(self), self, _without_hidden_frames(self.__traceback__), tb_offset=0)
+        except Exception:  # never lose the interrupt to a rendering problem
+            return traceback.format_exception_only(type(self), self)
+
+
+def _without_hidden_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without frames that set ``__tracebackhide__`` (the launcher's, IPython's own)."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_locals.get("__tracebackhide__"):
+            kept.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
+
+
+def stopped_message(what: str, pids: Sequence[int], left: Sequence[int]) -> str:
+    """What an interrupted launcher did: ``what`` stopped, and whether any of its processes survived."""
+    if not left:
+        return f"{what} stopped, nothing left running"
+    return (f"{what} stopped, but {len(left)} of the {len(pids)} processes started are still running "
+            f"(pids {', '.join(map(str, left))}): stop them with kill -9")
+
+
+def rank_range(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2]`` -> "ranks 0-2"; ``[0]`` -> "rank 0"; ``[]`` -> "no rank"."""
+    ranks = sorted(ranks)
+    if not ranks:
+        return "no rank"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))

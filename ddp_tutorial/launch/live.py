@@ -9,6 +9,9 @@ Which view (``choose_view``):
 - a terminal: lines printed as they arrive (and not again at the end), a
   progress bar redrawn on the last line;
 - anything else (a pipe, pytest capturing output): nothing live, the relay at the end.
+
+The Jupyter display and the terminal show a one-line note while the processes start
+("starting 2 ranks..."), replaced by the ranks' first lines.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ class LiveView(Protocol):
     def show(self, new: Sequence[tuple[int, str]], bars: dict[int, str]) -> None:
         """New finished lines (rank, text) in arrival order; the unfinished line of each rank."""
 
+    def status(self, text: str) -> None:
+        """A one-line note ("starting 2 ranks...") shown until the ranks' first lines replace it."""
+
     def close(self) -> None:
         """The launch is over: take down what is only there while it runs."""
 
@@ -39,15 +45,26 @@ class JupyterView:
     def __init__(self) -> None:
         self._lines: deque[str] = deque(maxlen=_SHOWN_LINES)
         self._count = 0
+        self._status = ""
         self._text = ""
-        self._handle: Any = None  # made on the first line: a quick launch leaves no trace
+        self._handle: Any = None  # made on the first line or note: a quick launch leaves no trace
 
     def show(self, new: Sequence[tuple[int, str]], bars: dict[int, str]) -> None:
+        if new:
+            self._status = ""  # the ranks speak for themselves now
         self._lines.extend(f"[rank {rank}] {line}" for rank, line in new)
         self._count += len(new)
         hidden = self._count - len(self._lines)
-        text = "\n".join(([f"... ({hidden} earlier lines)"] if hidden else []) + list(self._lines)
-                         + [f"[rank {rank}] {bar}" for rank, bar in sorted(bars.items()) if bar.strip()])
+        shown = (([f"... ({hidden} earlier lines)"] if hidden else []) + list(self._lines)
+                 + [f"[rank {rank}] {bar}" for rank, bar in sorted(bars.items()) if bar.strip()])
+        self._display("\n".join(shown) if shown else self._status)
+
+    def status(self, text: str) -> None:
+        self._status = text
+        if not self._count:
+            self._display(text)
+
+    def _display(self, text: str) -> None:
         if text == self._text:
             return
         self._text = text
@@ -71,11 +88,23 @@ class TerminalView:
 
     def __init__(self, stream: IO[str]):
         self._stream = stream
-        self._status = ""
+        self._status = ""  # what the last line shows now: the bars, or a note
+        self._note = ""
+        self._bars = ""
 
     def show(self, new: Sequence[tuple[int, str]], bars: dict[int, str]) -> None:
-        status = "  ".join(f"[rank {rank}] {bar}" for rank, bar in sorted(bars.items()) if bar.strip())
-        status = status[:shutil.get_terminal_size().columns - 1]  # a wrapped line could not be redrawn
+        if new:
+            self._note = ""  # the ranks speak for themselves now
+        self._bars = "  ".join(f"[rank {rank}] {bar}" for rank, bar in sorted(bars.items()) if bar.strip())
+        self._draw(new)
+
+    def status(self, text: str) -> None:
+        self._note = text
+        self._draw([])
+
+    def _draw(self, new: Sequence[tuple[int, str]]) -> None:
+        # cut to the terminal's width: a wrapped line could not be redrawn
+        status = (self._bars or self._note)[:shutil.get_terminal_size().columns - 1]
         if not new and status == self._status:
             return
         out = "\r\x1b[K" if self._status else ""  # erase the bar line, write over it

@@ -9,14 +9,15 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, Sequence
 
 
 def children_by_parent() -> dict[int, list[int]]:
     """Parent pid -> the pids of its live children (zombies left out: they are already gone)."""
     children: dict[int, list[int]] = {}
-    for pid, ppid in _parent_links():
+    for pid, ppid, _ in _processes():
         children.setdefault(ppid, []).append(pid)
     return children
 
@@ -32,27 +33,41 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def _parent_links() -> list[tuple[int, int]]:
-    """(pid, parent pid) of every live process."""
+def still_running(pids: Sequence[int], wait: float = 2.0) -> list[int]:
+    """Which of ``pids``, and of the processes in the groups they lead, are alive (zombies are not).
+
+    A launcher asks before it tells the user that nothing is left running. A process
+    sent SIGKILL a moment ago may still be on its way out: up to ``wait`` seconds for it.
+    """
+    wanted, deadline = set(pids), time.monotonic() + wait
+    while True:
+        left = sorted(pid for pid, _, pgid in _processes() if pid in wanted or pgid in wanted)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.02)
+
+
+def _processes() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live process."""
     if os.path.isdir("/proc"):
-        links = []
+        found = []
         for name in os.listdir("/proc"):
             if name.isdigit():
                 try:
                     with open(f"/proc/{name}/stat") as f:
-                        state, ppid = f.read().rsplit(")", 1)[1].split()[:2]  # the name may hold spaces
+                        state, ppid, pgid = f.read().rsplit(")", 1)[1].split()[:3]  # the name may hold spaces
                 except (OSError, IndexError, ValueError):
                     continue
                 if state != "Z":
-                    links.append((int(name), int(ppid)))
-        return links
+                    found.append((int(name), int(ppid), int(pgid)))
+        return found
     try:
-        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,stat="], capture_output=True, text=True,
+        out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,pgid=,stat="], capture_output=True, text=True,
                              timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     fields = [line.split() for line in out.splitlines()]
-    return [(int(f[0]), int(f[1])) for f in fields if len(f) == 3 and not f[2].startswith("Z")]
+    return [(int(f[0]), int(f[1]), int(f[2])) for f in fields if len(f) == 4 and not f[3].startswith("Z")]
 
 
 def signal_group(pid: int, sig: int, *, leader_too: bool = True) -> None:

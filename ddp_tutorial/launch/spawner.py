@@ -1,4 +1,7 @@
-"""``launch.spawn``: start the ranks, show their output, collect their results, stop them all."""
+"""``launch.spawn``: start the ranks, show their output, collect their results, stop them all.
+
+``launch.warm_up`` starts the forkserver ahead of the first launch.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +17,12 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
-from ddp_tutorial.launch.child import children_skip_main, context, run_rank
-from ddp_tutorial.launch.errors import Report, WorkerTimeout, is_init_flake, worker_error
+from ddp_tutorial.launch.child import children_skip_main, context, is_warm, no_op, run_rank
+from ddp_tutorial.launch.errors import (LaunchInterrupted, Report, WorkerTimeout, is_init_flake, rank_range,
+                                        stopped_message, worker_error)
 from ddp_tutorial.launch.live import LiveView, choose_view
 from ddp_tutorial.launch.output import RankOutput, in_progress, relay
-from ddp_tutorial.launch.procs import interrupts_held_back, signal_group
+from ddp_tutorial.launch.procs import interrupts_held_back, signal_group, still_running
 from ddp_tutorial.launch.spec import LOCALHOST, LaunchSpec
 
 POLL_SECONDS = 0.1  # how often rank output is read while it is shown live
@@ -37,8 +41,10 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
     ``threads`` torch threads (default: the cores shared out between ranks).
     Rank output is shown while the ranks run (see ``launch.live``; ``live``
     True/False forces it on or off) and relayed in rank order at the end;
-    ``quiet=True`` drops it.
+    ``quiet=True`` drops it. Ctrl-C (Jupyter's stop button) stops every rank, then
+    raises ``LaunchInterrupted`` (a ``KeyboardInterrupt``) saying so.
     """
+    __tracebackhide__ = True  # an interrupt's traceback shows the caller's frames (errors.LaunchInterrupted)
     view = None if quiet else choose_view(live)
     spec = LaunchSpec(fn, world_size, tuple(args), backend, timeout, init_process_group, threads or 0,
                       master_addr, live=view is not None)
@@ -54,7 +60,36 @@ class _InitFlake(Exception):
     """Every report came from a failed gloo connection set-up: nothing ran yet."""
 
 
+def warm_up() -> None:
+    """Start the launcher's forkserver now, so that the first ``spawn`` is as quick as the next ones.
+
+    The forkserver imports torch once (seconds); every rank is then forked from it, in
+    milliseconds. Notebooks call this before their first timed cell (``00_start_here``,
+    ``10_train_end_to_end``), so that no measurement carries the one-off start. Quick when warm.
+    """
+    __tracebackhide__ = True
+    view = choose_view()
+    if view is not None and not is_warm():
+        view.status("starting the launcher: it imports torch once (a few seconds)...")
+    try:
+        with children_skip_main():
+            process = context().Process(target=no_op, name="warm-up")
+            process.start()
+        process.join()
+    except KeyboardInterrupt:
+        interrupted = True  # the forkserver goes on starting; the no-op child it forks ends at once
+    else:
+        interrupted = False
+    finally:
+        if view is not None:
+            view.close()
+    if interrupted:
+        raise LaunchInterrupted("warm-up stopped (the launcher finishes starting in the background), "
+                                "no rank running")
+
+
 def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, retry: bool = True) -> list:
+    __tracebackhide__ = True
     import torch.distributed as dist
 
     # The parent hosts the store on a socket it binds itself: only on master_addr
@@ -69,10 +104,16 @@ def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, retry: bo
     conns: dict[Connection, int] = {}
     results: dict[int, Any] = {}
     errors: dict[int, Report] = {}
+    interrupted = False
     with tempfile.TemporaryDirectory(prefix="ddp_tutorial_") as tmp:
         outputs = [RankOutput(os.path.join(tmp, f"rank{r}.out")) for r in range(spec.world_size)]
         try:
-            with children_skip_main():
+            if view is not None and not is_warm():
+                view.status(f"starting {spec.world_size} rank{'s' * (spec.world_size > 1)} (the first launch "
+                            "imports torch once: a few seconds)...")
+            # Ctrl-C waits until every rank has started: raised half-way, a rank the
+            # forkserver is still forking would be left running, unknown to us.
+            with children_skip_main(), interrupts_held_back():
                 for rank in range(spec.world_size):
                     recv, send = ctx.Pipe(duplex=False)
                     p = ctx.Process(target=run_rank, name=f"rank{rank}",
@@ -82,9 +123,14 @@ def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, retry: bo
                     procs.append(p)
                     conns[recv] = rank
             _collect(spec, procs, conns, results, errors, outputs, view)
-            still_running = [r for r in range(spec.world_size) if r not in results and r not in errors]
+            unfinished = [r for r in range(spec.world_size) if r not in results and r not in errors]
+        except KeyboardInterrupt:
+            interrupted = True
         finally:
-            _stop(procs)
+            try:
+                _stop(procs)
+            except KeyboardInterrupt:  # pressed (again) while they were stopped: delivered once they are
+                interrupted = True
             for c in conns:
                 c.close()
             del store
@@ -93,12 +139,15 @@ def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, retry: bo
                 _show_the_rest(outputs, view)
                 if not flake and (view is None or view.relay_at_end):
                     relay(outputs, sys.stdout)
+    if interrupted:
+        pids = [p.pid for p in procs if p.pid is not None]
+        raise LaunchInterrupted(stopped_message(rank_range(range(len(procs))), pids, still_running(pids)))
     if flake:
         raise _InitFlake()
     if errors:
         raise worker_error(errors)
-    if still_running:
-        raise WorkerTimeout(still_running, spec.timeout)
+    if unfinished:
+        raise WorkerTimeout(unfinished, spec.timeout)
     return [results[r] for r in range(spec.world_size)]
 
 
