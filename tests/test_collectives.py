@@ -179,10 +179,19 @@ def test_picture_of_a_collective_is_drawn_from_returned_values():
 
     from ddp_tutorial.plots import plot_collective
 
-    before, after = [[1.0, 2.0], [11.0, 12.0]], [None, [1.0, 11.0, 2.0, 12.0]]
+    before, after = [[1.0, 2.0], [11.0, 12.0]], [None, [1.0, 11.0, 2.0, 12.0, 21.0, 22.0]]
     axes = plot_collective("gather", before, after)
     labels = sorted(t.get_text() for t in axes[1].texts)
-    assert labels == ["(nothing to read)", "1", "11", "12", "2"]
+    assert labels == ["(nothing to read)", "1", "11", "12", "2", "21", "22"]
+    # both panels say which row is which rank; the note is as readable as the numbers
+    for ax in axes:
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    note = next(t for t in axes[1].texts if t.get_text() == "(nothing to read)")
+    assert note.get_fontsize() >= max(t.get_fontsize() for t in axes[1].texts if t is not note)
+    # each panel as wide as what it holds (3 cells at least, for a title): no empty half panel
+    axes[0].figure.canvas.draw()
+    widths = [ax.get_position().width for ax in axes]
+    assert abs(widths[0] / widths[1] - 3 / 6) < 0.05, widths
     plt.close("all")
 
 

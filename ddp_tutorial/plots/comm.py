@@ -14,6 +14,9 @@ if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the p
 
 # ---------------------------------------------------------------- 04 collectives, 05 ring
 
+_CELL_INCHES = 0.55  # one element of a rank's tensor
+_NOTE_CELLS = 3  # cells "(nothing to read)" or a panel's title spans
+
 
 def _grid(ax, holdings, title: str, vmin: float, vmax: float, cmap: str = "viridis",
           width: int | None = None, changed=None, labels=None, fontsize: int = 9) -> None:
@@ -35,7 +38,7 @@ def _grid(ax, holdings, title: str, vmin: float, vmax: float, cmap: str = "virid
                     color="white" if dark else "black")
         if not values:
             note = "(nothing to read)" if values is None else "(empty)"
-            ax.text(0.05, r + 0.5, note, va="center", fontsize=8, color="gray")
+            ax.text(0.1, r + 0.5, note, va="center", fontsize=fontsize, color="dimgray", style="italic")
     ax.set_xlim(0, width)
     ax.set_ylim(len(holdings), 0)
     ax.set_yticks([r + 0.5 for r in range(len(holdings))])
@@ -48,17 +51,21 @@ def _grid(ax, holdings, title: str, vmin: float, vmax: float, cmap: str = "virid
 
 def plot_collective(name: str, before: list, after: list,
                     axes: Sequence[Axes] | None = None) -> Sequence[Axes]:
-    """Two panels: what every rank holds before and after a collective (lists per rank; ``None`` = nothing)."""
+    """Two panels: what every rank holds before and after a collective (lists per rank; ``None`` = nothing).
+
+    Each panel is as wide as what it holds (room for a note at least), both labelled by rank.
+    """
     import matplotlib.pyplot as plt
 
     flat = [float(v) for h in before + after for v in (h or [])]
     vmin, vmax = (min(flat), max(flat)) if flat else (0.0, 1.0)
-    width = max([len(h or []) for h in before + after] + [1])
+    # in cells: the longest row, or the width the title or "(nothing to read)" needs
+    widths = [max([len(h or []) for h in holdings] + [_NOTE_CELLS]) for holdings in (before, after)]
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(2.5 + 1.1 * width, 0.5 + 0.45 * len(before)))
-    _grid(axes[0], before, f"{name}: before", vmin, vmax, width=width)
-    _grid(axes[1], after, f"{name}: after", vmin, vmax, width=width)
-    axes[1].set_yticklabels([])
+        _, axes = plt.subplots(1, 2, figsize=(1.4 + _CELL_INCHES * sum(widths), 0.55 + 0.45 * len(before)),
+                               width_ratios=widths, layout="constrained")
+    _grid(axes[0], before, f"{name}: before", vmin, vmax, width=widths[0])
+    _grid(axes[1], after, f"{name}: after", vmin, vmax, width=widths[1])
     return axes
 
 
