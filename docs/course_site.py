@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 # API pages: (page, title, modules under it). The exercises' solutions and generated stubs are
 # left out: the lessons show each solution in its collapsed walkthrough, after the learner tried.
 API_GROUPS = (
-    ("lessons", "The lessons' modules", "ddp_tutorial."),
+    ("lessons", "The lessons' modules", "ddp_tutorial"),  # every module no group below claims
     ("launch", "Starting processes: ddp_tutorial.launch", "ddp_tutorial.launch"),
     ("pitfalls", "The debugging lab: ddp_tutorial.pitfalls", "ddp_tutorial.pitfalls"),
     ("exercises", "Exercises: ddp_tutorial.exercises", "ddp_tutorial.exercises"),
