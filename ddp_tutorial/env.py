@@ -294,7 +294,10 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
         # read the addresses the dead ranks published and fail to connect, so each
         # attempt gets keys of its own.
         env = os.environ if environ is None else environ
-        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=limit)
+        # The agent hosts that store, unless told not to share it (TORCH_DISABLE_SHARE_RDZV_TCP_STORE,
+        # 15_cluster's elastic demo): then rank 0 hosts it, as init_process_group would.
+        own_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "True") == "False" and info.rank == 0
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=own_store, timeout=limit)
         dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{info.restart_count}/", store),
                                 rank=info.rank, world_size=info.world_size, timeout=limit,
                                 device_id=bound_device(device))
