@@ -1,7 +1,7 @@
 # ddp-tutorial: every target creates .venv when it is missing and installs into it.
 #   make demo       2-process DDP training on digits via torchrun on CPU
 #   make test       unit tests, then nbval over every notebook
-#   make lab        Jupyter on notebooks/
+#   make lab        Jupyter on notebooks/ (make lab-test: the same in a real browser)
 #   make notebooks  re-execute every notebook and store its outputs
 #   make nbval-portable  nbval again on torch's portable (default) and AVX2 CPU kernels
 #   make slurm-test lesson 15's sbatch scripts on a throwaway two-node Slurm, and elastic torchrun (root)
@@ -114,6 +114,15 @@ site-test: site $(BROWSER_STAMP)
 
 site-serve: site
 	$(PY) -m http.server --bind 127.0.0.1 --directory build/site 8000
+
+# The learner's JupyterLab in a real browser (issue 18): JupyterLab on 127.0.0.1 over a copy of
+# notebooks/ with throwaway Jupyter folders, driven by headless Chromium: notebook 00 opens
+# unmodified, Run All, live rank lines, the toolbar's interrupt, no process left
+# (tests/browser/test_lab.py; screenshots in build/lab-screenshots/). Needs Debian's chromium
+# and chromium-driver (.ci/browser-deps installs them).
+.PHONY: lab-test
+lab-test: $(BROWSER_STAMP)
+	$(PY) -m pytest -p no:cacheprovider -v -s tests/browser/test_lab.py
 
 # Lesson 15's Slurm scripts and elastic torchrun, run for real (issue 17): a throwaway two-node
 # Slurm on this machine (munged, slurmctld, two slurmd; tests/cluster/slurm_cluster.py), always
