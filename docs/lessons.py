@@ -64,6 +64,8 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                        python("bench", "all", comment="the whole suite, about 2 minutes")),
     "13_sharding": (Command("zero"), Command("fsdp")),
     "14_tensor_parallel": (Command("tensor_parallel", nproc=4), Command("device_mesh", nproc=4)),
+    "15_cluster": (python("slurm", "list", comment="the Slurm job scripts and what each does"),
+                   python("slurm", "show multi_node.sbatch", comment="print one: copy it, then sbatch it")),
 }
 
 

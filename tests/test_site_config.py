@@ -15,11 +15,12 @@ sys.path.insert(0, str(ROOT / "docs"))
 import lessons  # noqa: E402  (docs/lessons.py)
 
 
-def test_every_lesson_has_run_commands_and_every_entry_a_lesson():
+def test_every_lesson_has_run_commands():
     names = lessons.lesson_names(ROOT / "notebooks")
     assert names[:2] == ["00_start_here", "01_data_parallel"] and len(names) >= 15
     assert not set(names) - set(lessons.COMMANDS), "lessons without commands in docs/lessons.py COMMANDS"
-    assert not set(lessons.COMMANDS) - set(names), "COMMANDS entries for notebooks that do not exist"
+    # an entry may come before its notebook (15_cluster did); a typo would leave a lesson without one
+    assert all(lessons.LESSON_NAME.match(name) for name in lessons.COMMANDS)
 
 
 @pytest.mark.parametrize("command", sorted({c for cs in lessons.COMMANDS.values() for c in cs},
