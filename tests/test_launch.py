@@ -18,6 +18,8 @@ import pytest
 import launch_workers as w
 from ddp_tutorial.launch import (LaunchSpec, TorchrunError, TorchrunResult, WorkerError, WorkerTimeout, run_command,
                                  spawn, torchrun, torchrun_command)
+from ddp_tutorial.launch.errors import LaunchInterrupted, rank_range, stopped_message
+from ddp_tutorial.launch.procs import still_running
 from ddp_tutorial.pitfalls.strays import alive  # a process that exists and is not a zombie
 
 pytestmark = pytest.mark.timeout(120)
@@ -104,6 +106,35 @@ import launch_workers as w
 from ddp_tutorial.launch import spawn
 spawn(w.hang_with_grandchild, 2, args=(%r, %r), timeout=60)
 """
+
+
+def test_an_interrupt_message_names_the_ranks_and_anything_left():
+    assert [rank_range(r) for r in ([0], [0, 1], range(4), [0, 2])] == ["rank 0", "ranks 0-1", "ranks 0-3",
+                                                                        "ranks 0, 2"]
+    assert stopped_message("ranks 0-1", [10, 11], []) == "ranks 0-1 stopped, nothing left running"
+    left = stopped_message("ranks 0-1", [10, 11], [11])
+    assert left.startswith("ranks 0-1 stopped, but 1 of the 2 processes") and "11" in left, left
+    assert issubclass(LaunchInterrupted, KeyboardInterrupt)  # "Run All" stops at it
+
+
+def test_still_running_sees_what_a_process_group_holds_until_it_is_gone():
+    # what a rank started stays in the rank's group after the rank is killed
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(still_running([leader.pid], wait=0)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        members = still_running([leader.pid], wait=0)
+        assert leader.pid in members and len(members) == 2, members
+        os.kill(leader.pid, signal.SIGKILL)
+        leader.wait()
+        assert still_running([leader.pid], wait=0) == [p for p in members if p != leader.pid]
+    finally:
+        try:
+            os.killpg(leader.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert still_running([leader.pid], wait=2) == []
 
 
 @pytest.mark.parametrize("twice", [False, True], ids=["once", "again_while_stopping"])
