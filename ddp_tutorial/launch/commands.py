@@ -145,7 +145,7 @@ def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, 
         if interrupted:
             what = f"{name or os.path.basename(cmd[0])} and the {len(started)} processes it started"
             pids = [proc.pid, *started]
-            raise LaunchInterrupted(stopped_message(what, pids, still_running(pids))) from None
+            raise LaunchInterrupted(stopped_message(what, still_running(pids))) from None
         if not isinstance(exc, subprocess.TimeoutExpired):
             raise
         reader.read_until_closed(time.monotonic() + 10.0)  # the rest, unless something unknown holds the pipe

@@ -99,12 +99,12 @@ def _without_hidden_frames(tb: TracebackType | None) -> TracebackType | None:
     return rebuilt
 
 
-def stopped_message(what: str, pids: Sequence[int], left: Sequence[int]) -> str:
-    """What an interrupted launcher did: ``what`` stopped, and whether any of its processes survived."""
+def stopped_message(what: str, left: Sequence[int]) -> str:
+    """What an interrupted launcher did: ``what`` stopped, and which of its processes survived (``left``)."""
     if not left:
         return f"{what} stopped, nothing left running"
-    return (f"{what} stopped, but {len(left)} of the {len(pids)} processes started are still running "
-            f"(pids {', '.join(map(str, left))}): stop them with kill -9")
+    return (f"{what} stopped, but {len(left)} of their processes still run (pids {', '.join(map(str, left))}): "
+            "stop them with kill -9")
 
 
 def rank_range(ranks: Sequence[int]) -> str:

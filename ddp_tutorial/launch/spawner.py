@@ -141,7 +141,7 @@ def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, retry: bo
                     relay(outputs, sys.stdout)
     if interrupted:
         pids = [p.pid for p in procs if p.pid is not None]
-        raise LaunchInterrupted(stopped_message(rank_range(range(len(procs))), pids, still_running(pids)))
+        raise LaunchInterrupted(stopped_message(rank_range(range(len(procs))), still_running(pids)))
     if flake:
         raise _InitFlake()
     if errors:
