@@ -33,16 +33,16 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_tutorial import train
-from ddp_tutorial.env import rank_info
+from ddp_tutorial.env import distributed, rank_info
 from ddp_tutorial.launch import LOCALHOST, TorchrunResult, free_port, torchrun
 
 __all__ = ["RENDEZVOUS_CONF", "join_and_leave", "replay", "record_failure", "checkpoint_world_sizes", "main"]
@@ -159,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     info = rank_info(module="ddp_tutorial.elastic")
     if args.raise_on_rank is not None:
         print(f"rank {info.rank}: started", flush=True)
-        if args.raise_on_rank == info.rank:
-            raise DeliberateError(f"rank {info.rank} raises on purpose, to show @record's report")
-        time.sleep(30)  # the others wait: torchrun stops them when the failing rank exits
+        with distributed():
+            dist.barrier()  # every rank has started (and printed) before one fails
+            if args.raise_on_rank == info.rank:
+                raise DeliberateError(f"rank {info.rank} raises on purpose, to show @record's report")
+            time.sleep(30)  # the others wait: torchrun stops them when the failing rank exits
     return train.main(rest)
 
 
