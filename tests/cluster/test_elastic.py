@@ -10,11 +10,13 @@ from __future__ import annotations
 import itertools
 import json
 
+import pytest
 import torch
 
 from ddp_tutorial.elastic import join_and_leave, record_failure, replay
 
 
+@pytest.mark.timeout(420)  # two agents, restarts, then the replay: minutes on a busy 2-core machine
 def test_a_node_joins_and_leaves_and_training_resumes_each_time_to_the_same_weights(tmp_path):
     run = join_and_leave(str(tmp_path))
     a, b = run["a"], run["b"]

@@ -82,6 +82,7 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(cluster, job_dir):
     assert "final test accuracy" not in out
 
 
+@pytest.mark.timeout(420)  # the job twice, a requeue delay, then the reference run: minutes on a busy machine
 def test_preempted_job_checkpoints_requeues_and_resumes_to_the_uninterrupted_weights(cluster, job_dir):
     epochs = "10"
     job_id = cluster.sbatch(script_path("requeue.sbatch"), "--epochs", epochs, cwd=str(job_dir), env=job_env())
