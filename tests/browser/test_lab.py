@@ -170,7 +170,8 @@ def lab():
 def open_notebook(lab: Lab, name: str) -> dict:
     """Open ``name`` from the file's URL and wait until its cells are shown and its kernel is idle."""
     count = len(json.loads((lab.notebooks / name).read_text())["cells"])
-    lab.driver.get(f"{lab.base}/lab/tree/{name}?token={lab.token}")
+    # ?reset: a fresh workspace, this notebook the only tab (no other one to take the menu's commands)
+    lab.driver.get(f"{lab.base}/lab/tree/{name}?reset&token={lab.token}")
     return wait_for(lab, lambda page: page and page["kernel"] == "idle" and len(page["cells"]) == count
                     and all(c["input"].strip() for c in page["cells"]), 90, f"{name} with an idle kernel")
 
@@ -198,6 +199,9 @@ def click(lab: Lab, css: str) -> None:
 def run_all_from_the_menu(lab: Lab) -> None:
     from selenium.webdriver.common.by import By
 
+    # a click in the notebook first, as a learner's: the Run menu acts on the notebook with the focus
+    lab.driver.execute_script("document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell "
+                              ".jp-InputPrompt').click();")
     run = next(e for e in lab.driver.find_elements(By.CSS_SELECTOR, ".lm-MenuBar-item") if e.text.strip() == "Run")
     run.click()
     click(lab, '.lm-Menu-item[data-command="runmenu:run-all"]')
