@@ -65,7 +65,8 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
     "13_sharding": (Command("zero"), Command("fsdp")),
     "14_tensor_parallel": (Command("tensor_parallel", nproc=4), Command("device_mesh", nproc=4)),
     "15_cluster": (python("slurm", "list", comment="the Slurm job scripts and what each does"),
-                   python("slurm", "show multi_node.sbatch", comment="print one: copy it, then sbatch it")),
+                   python("slurm", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
+                   Command("elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
 }
 
 
