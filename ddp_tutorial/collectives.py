@@ -123,7 +123,7 @@ COLLECTIVES = {f.__name__: f for f in (broadcast, scatter, gather, reduce, all_r
                                        reduce_scatter, all_to_all)}
 
 
-def all_gather_uneven(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
+def all_gather_uneven(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
     """``all_gather`` for 1-D tensors of different lengths: share lengths, pad to the longest, trim."""
     world_size = dist.get_world_size(group)
     length = torch.tensor([tensor.numel()], device=tensor.device)
