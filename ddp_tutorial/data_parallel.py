@@ -32,7 +32,7 @@ class Broadcast(torch.autograd.Function):
     """Forward: ``tensor`` per device. Backward: sum the copies' gradients on the main device."""
 
     @staticmethod
-    def forward(ctx, devices: Sequence[torch.device], tensor: torch.Tensor):
+    def forward(ctx, devices: Sequence[torch.device], tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.main = tensor.device
         # devices[0] is the main device: like torch's broadcast_coalesced, it gets the
         # original (a view, no copy); every other device gets a copy.
@@ -40,7 +40,7 @@ class Broadcast(torch.autograd.Function):
                      for i, device in enumerate(devices))
 
     @staticmethod
-    def backward(ctx, *grads: torch.Tensor):
+    def backward(ctx, *grads: torch.Tensor) -> tuple[None, torch.Tensor]:
         # This is DataParallel's gradient "reduce": every replica's gradient travels to the main device.
         return None, sum(g.to(ctx.main) for g in grads)
 
