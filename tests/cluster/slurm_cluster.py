@@ -24,7 +24,6 @@ from typing import Iterator
 
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 2
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
             "PREEMPTED"}
 
@@ -120,10 +119,10 @@ class SlurmCluster:
         with open(self.conf, "w") as f:
             f.write(SLURM_CONF.format(root=self.root, ctld_port=ports[0], nodes=nodes, node_names=",".join(NODES)))
         self._daemon("slurmctld", ["slurmctld", "-D", "-i"])
-        self._until(lambda: self._run(["scontrol", "ping"], check=False).returncode == 0, deadline, "slurmctld")
+        self._until(lambda: self.command(["scontrol", "ping"], check=False).returncode == 0, deadline, "slurmctld")
         for node in NODES:
             self._daemon(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
-        self._until(lambda: self._run(["sinfo", "-h", "-o", "%T"], check=False).stdout.split() == ["idle"],
+        self._until(lambda: self.command(["sinfo", "-h", "-o", "%T"], check=False).stdout.split() == ["idle"],
                     deadline, "both nodes idle")
 
     def _daemon(self, name: str, cmd: list[str]) -> None:
@@ -142,8 +141,9 @@ class SlurmCluster:
                 raise TimeoutError(f"waited too long for {what}:\n{self.logs()}")
             time.sleep(0.2)
 
-    def _run(self, cmd: list[str], check: bool = True, timeout: float = 20.0, cwd: str | None = None,
-             env: dict | None = None) -> subprocess.CompletedProcess:
+    def command(self, cmd: list[str], check: bool = True, timeout: float = 20.0, cwd: str | None = None,
+                env: dict | None = None) -> subprocess.CompletedProcess:
+        """Run a Slurm command (``scancel``, ``squeue``, ...) against this cluster, bounded by ``timeout``."""
         result = subprocess.run(cmd, env=env or self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
         if check and result.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {result.returncode}: {result.stderr.strip()}")
@@ -154,12 +154,12 @@ class SlurmCluster:
                env: dict | None = None) -> int:
         """Submit ``script`` (a path) from ``cwd``; ``args`` go to the script; returns the job id."""
         job_env = dict(self.env, **(env or {}))
-        out = self._run(["sbatch", "--parsable", *options, script, *args], cwd=cwd, env=job_env).stdout
+        out = self.command(["sbatch", "--parsable", *options, script, *args], cwd=cwd, env=job_env).stdout
         return int(out.strip().split(";")[0])
 
     def job(self, job_id: int) -> dict[str, str]:
         """``scontrol show job``'s fields (no accounting database here, so no sacct)."""
-        out = self._run(["scontrol", "show", "job", "-o", str(job_id)]).stdout
+        out = self.command(["scontrol", "show", "job", "-o", str(job_id)]).stdout
         return dict(re.findall(r"(\w+)=(\S*)", out))
 
     def wait(self, job_id: int, timeout: float, until=None) -> dict[str, str]:
@@ -191,13 +191,13 @@ class SlurmCluster:
         """Tear everything down; return the processes that had to be killed (empty when clean)."""
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
             try:
-                self._run(["scancel", "--quiet", "--user=root"], check=False, timeout=10)
+                self.command(["scancel", "--quiet", "--user=root"], check=False, timeout=10)
                 deadline = time.monotonic() + 30
-                while self._run(["squeue", "-h", "-o", "%i"], check=False, timeout=10).stdout.strip():
+                while self.command(["squeue", "-h", "-o", "%i"], check=False, timeout=10).stdout.strip():
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.3)
-                self._run(["scontrol", "shutdown"], check=False, timeout=10)
+                self.command(["scontrol", "shutdown"], check=False, timeout=10)
             except (subprocess.TimeoutExpired, OSError):
                 pass
         for name, proc in self.procs.items():

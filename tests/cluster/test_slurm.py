@@ -94,7 +94,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_uninterrupted_wei
         assert time.monotonic() < deadline, f"job {job_id} did not finish epoch 1 in time"
         time.sleep(0.2)
     # what --signal=USR1@120 does 120 s before the limit, now: USR1 to every task of the job's steps
-    cluster._run(["scancel", "--signal=USR1", str(job_id)])
+    cluster.command(["scancel", "--signal=USR1", str(job_id)])
     job = cluster.wait(job_id, JOB_TIMEOUT, until=lambda f: f.get("Restarts") == "1" and f["JobState"] == "COMPLETED"
                        or f["JobState"] in ("FAILED", "CANCELLED", "TIMEOUT"))
     out = out_file.read_text(errors="replace")
