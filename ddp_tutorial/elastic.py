@@ -139,7 +139,7 @@ def record_failure(workdir: str, nproc_per_node: int = 2, failing_rank: int = 1,
     env = dict(os.environ, TORCHELASTIC_ERROR_FILE=error_file)
     result = torchrun("ddp_tutorial.elastic", nproc_per_node, ["--raise-on-rank", failing_rank], timeout=timeout,
                       check=False, threads=1, env=env, log_dir=log_dir, redirects=3, tee=3,
-                      local_ranks_filter="0")  # a string: torchrun_command drops options equal to False, and 0 == False
+                      local_ranks_filter=0)
     with open(error_file) as f:
         error = json.load(f)
     logs = {os.path.relpath(p, log_dir).split(os.sep, 1)[1]: p

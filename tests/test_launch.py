@@ -401,6 +401,12 @@ def test_torchrun_workers_get_one_thread_unless_told_and_lines_arrive_one_by_one
     assert "OMP_NUM_THREADS=3" in torchrun(module, 1, env=env, threads=3, timeout=90).output
 
 
+def test_torchrun_command_keeps_options_whose_value_is_zero():
+    cmd = torchrun_command("pkg.mod", 2, local_ranks_filter=0, max_restarts=0, tee=False)
+    assert "--local-ranks-filter=0" in cmd and "--max-restarts=0" in cmd
+    assert not any(part.startswith("--tee") for part in cmd)
+
+
 def test_torchrun_command_line():
     python = [sys.executable, "-m", "torch.distributed.run"]
     assert torchrun_command("pkg.mod", 3, args=("--epochs", 2)) == python + [

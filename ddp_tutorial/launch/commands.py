@@ -61,7 +61,7 @@ def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] =
         flag = "--" + key.replace("_", "-")
         if value is True:
             cmd.append(flag)
-        elif value not in (False, None):
+        elif value is not False and value is not None:  # not `in (False, None)`: 0 == False
             cmd.append(f"{flag}={value}")
     return cmd + ["-m", module] + [str(a) for a in args]
 
