@@ -11,13 +11,16 @@ samples unequally. Divide only at the very end: ``loss_sum / count``, ``correct 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 
-def evaluate_shards(model: nn.Module, shard, device: torch.device) -> torch.Tensor:
+def evaluate_shards(model: nn.Module, shard: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                    device: torch.device) -> torch.Tensor:
     """(loss sum, correct, count) over ALL ranks' shards, on every rank: a float64 tensor of 3.
 
     ``shard`` is this rank's part of the test set, an iterable of ``(x, y)`` batches (it may
