@@ -105,7 +105,8 @@ def legacy_launch(module: str, nproc_per_node: int = 2, args: Sequence[str] = ()
     cmd = [sys.executable, "-m", "torch.distributed.launch", f"--nproc-per-node={nproc_per_node}",
            f"--master-addr={LOCALHOST}", f"--master-port={free_port()}", "-m", module, *map(str, args)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return run_command(cmd, timeout=timeout, env=env, name="torch.distributed.launch")
+    return run_command(cmd, timeout=timeout, env=env, name="torch.distributed.launch",
+                       status=f"starting torch.distributed.launch with {nproc_per_node} processes...")
 
 
 def node_visible_devices(node_rank: int, nproc_per_node: int, nnodes: int, cuda_devices: int,

@@ -463,3 +463,36 @@ def test_children_write_plain_text_even_under_a_colour_forcing_kernel(monkeypatc
     assert LaunchSpec(w.identify, 2).rank_env(1, 29500)["PYTHON_COLORS"] == "0"
     code = "import os; print(os.environ.get('PYTHON_COLORS'))"
     assert run_command([sys.executable, "-c", code], timeout=60).output.strip() == "0"
+
+
+class RecordingView:
+    """A live view that records what a person watching would have seen."""
+    relay_at_end = False
+
+    def __init__(self):
+        self.statuses: list[str] = []
+        self.closed = False
+
+    def show(self, new, bars) -> None:
+        pass
+
+    def status(self, text: str) -> None:
+        self.statuses.append(text)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_run_command_status_shows_then_follows_the_latest_line_and_is_taken_down(monkeypatch):
+    import ddp_tutorial.launch.commands as commands
+    view = RecordingView()
+    monkeypatch.setattr(commands, "choose_view", lambda: view)
+    result = run_command([sys.executable, "-c", "print('first')"], timeout=60, name="tool", status="starting tool...")
+    assert result.returncode == 0 and result.output == "first\n"  # the output itself is untouched
+    assert view.statuses == ["starting tool...", "tool: first"] and view.closed
+
+
+def test_run_command_without_status_shows_nothing(monkeypatch):
+    import ddp_tutorial.launch.commands as commands
+    monkeypatch.setattr(commands, "choose_view", lambda: pytest.fail("no status: no view is needed"))
+    assert run_command([sys.executable, "-c", "print('x')"], timeout=60).output == "x\n"

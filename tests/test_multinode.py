@@ -99,3 +99,16 @@ def test_each_simulated_node_sees_only_its_own_gpus():
     assert [see(k, 2, 2, cuda_devices=n) for n in (0, 1, 3) for k in range(2)] == [""] * 6
     # the caller already restricted the GPUs: indices count inside that list
     assert [see(k, 2, 2, cuda_devices=4, visible="4,5,6,7") for k in range(2)] == ["4,5", "6,7"]
+
+
+def test_legacy_launch_shows_a_status_while_the_launcher_starts(monkeypatch):
+    seen = {}
+
+    def fake_run_command(cmd, **kwargs):
+        seen.update(kwargs, cmd=cmd)
+        return multinode.TorchrunResult(0, "")
+
+    monkeypatch.setattr(multinode, "run_command", fake_run_command)
+    multinode.legacy_launch("ddp_tutorial.multinode", nproc_per_node=3)
+    assert seen["status"] == "starting torch.distributed.launch with 3 processes..."
+    assert "torch.distributed.launch" in seen["cmd"] and "--nproc-per-node=3" in seen["cmd"]

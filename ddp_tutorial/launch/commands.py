@@ -86,28 +86,21 @@ def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,
     if threads is not None:
         run_env["OMP_NUM_THREADS"] = str(threads)
     run_env.setdefault("OMP_NUM_THREADS", "1")  # set, so that torchrun need not warn that it sets it
-    view = choose_view()
-    if view is not None:
-        # Silent otherwise: torchrun and every worker import torch first (seconds).
-        view.status(f"starting torchrun with {nproc_per_node} processes (each imports torch: a few seconds)...")
-        on_line = _also_shown(view, on_line)
-    try:
-        result = run_command(cmd, timeout=timeout, env=run_env, name="torchrun", on_line=on_line)
-    finally:
-        if view is not None:
-            view.close()
+    # Silent otherwise: torchrun and every worker import torch first (seconds).
+    status = f"starting torchrun with {nproc_per_node} processes (each imports torch: a few seconds)..."
+    result = run_command(cmd, timeout=timeout, env=run_env, name="torchrun", on_line=on_line, status=status)
     if check and result.returncode != 0:
         raise TorchrunError(result, cmd)
     return result
 
 
-def _also_shown(view: LiveView, on_line: OnLine | None) -> OnLine:
+def _also_shown(view: LiveView, name: str, on_line: OnLine | None) -> OnLine:
     """``on_line``, and the view's status line showing the latest line (ten times a second at most)."""
     shown_at = [0.0]
 
     def both(line: str, proc: subprocess.Popen) -> None:
         if line.strip() and time.monotonic() - shown_at[0] >= STATUS_SECONDS:
-            view.status(f"torchrun: {line.strip()}"[:STATUS_WIDTH])
+            view.status(f"{name}: {line.strip()}"[:STATUS_WIDTH])
             shown_at[0] = time.monotonic()
         if on_line is not None:
             on_line(line, proc)
@@ -115,14 +108,31 @@ def _also_shown(view: LiveView, on_line: OnLine | None) -> OnLine:
 
 
 def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, name: str = "",
-                on_line: OnLine | None = None) -> TorchrunResult:
+                on_line: OnLine | None = None, status: str | None = None) -> TorchrunResult:
     """Run ``cmd`` (a launcher) with its output captured; stop it and all it started on a timeout or Ctrl-C.
 
     The command runs in a session of its own, unbuffered (``PYTHONUNBUFFERED``), so
     lines arrive as they are printed. ``TimeoutError`` after ``timeout`` seconds,
     with the output so far; ``name`` names the command in that message. Ctrl-C:
-    ``LaunchInterrupted``, once the command and what it started are stopped.
+    ``LaunchInterrupted``, once the command and what it started are stopped. With a
+    ``status``, a person watching (Jupyter, a terminal) sees it as one line until the first
+    output, then the command's latest line; stored output (nbconvert, nbval) never has it.
     """
+    __tracebackhide__ = True
+    name = name or os.path.basename(cmd[0])
+    view = choose_view() if status else None
+    if view is not None:
+        view.status(status)
+        on_line = _also_shown(view, name, on_line)
+    try:
+        return _run(cmd, timeout, env, name, on_line)
+    finally:
+        if view is not None:
+            view.close()
+
+
+def _run(cmd: Sequence[str], timeout: float, env: dict | None, name: str, on_line: OnLine | None) -> TorchrunResult:
+    """``run_command`` without the status line."""
     __tracebackhide__ = True
     run_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1", **PLAIN_TEXT)
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env,
@@ -143,13 +153,13 @@ def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, 
         except KeyboardInterrupt:  # the one held back, now that everything is stopped
             interrupted = True
         if interrupted:
-            what = f"{name or os.path.basename(cmd[0])} and the {len(started)} processes it started"
+            what = f"{name} and the {len(started)} processes it started"
             pids = [proc.pid, *started]
             raise LaunchInterrupted(stopped_message(what, still_running(pids))) from None
         if not isinstance(exc, subprocess.TimeoutExpired):
             raise
         reader.read_until_closed(time.monotonic() + 10.0)  # the rest, unless something unknown holds the pipe
-        raise TimeoutError(f"{name or os.path.basename(cmd[0])} did not finish within {timeout:g} s: "
+        raise TimeoutError(f"{name} did not finish within {timeout:g} s: "
                            f"{' '.join(cmd)}\n--- output ---\n{reader.text()}") from None
     finally:
         signal_group(proc.pid, signal.SIGKILL, leader_too=False)  # what is left in its group
