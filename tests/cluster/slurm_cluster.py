@@ -15,12 +15,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
 from typing import Iterator
+
+from ddp_tutorial.launch import free_port
 
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 2
@@ -46,12 +47,6 @@ def missing_requirements() -> list[str]:
         problems.append(f"the Debian packages {' '.join(absent)}: "
                         "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge")
     return problems
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SLURM_CONF = """\
