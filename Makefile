@@ -88,7 +88,8 @@ clean:
 # The course as a website (issue 16): the lessons with their stored, nbval-checked outputs (never
 # re-executed), the exercises, the benchmark run and the API reference, in build/site.
 #   make site        build/site/index.html (docs/conf.py; warnings are errors)
-#   make site-test   every page in headless Chromium (tests/browser/test_site.py; screenshots in
+#   make site-test   the docstring reader with Sphinx installed (tests/test_site_config.py, skipped
+#                    by make test), then every page in headless Chromium (tests/browser/test_site.py; screenshots in
 #                    build/site-screenshots/); needs Debian's chromium and chromium-driver
 #   make site-serve  the site on http://127.0.0.1:8000
 SITE_STAMP    := $(VENV)/.installed-site
@@ -110,7 +111,7 @@ site: $(SITE_STAMP)
 	@echo "the site: build/site/index.html"
 
 site-test: site $(BROWSER_STAMP)
-	$(PY) -m pytest -p no:cacheprovider -v -s tests/browser/test_site.py
+	$(PY) -m pytest -p no:cacheprovider -v -s tests/test_site_config.py tests/browser/test_site.py
 
 site-serve: site
 	$(PY) -m http.server --bind 127.0.0.1 --directory build/site 8000

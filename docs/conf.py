@@ -63,7 +63,12 @@ myst_update_mathjax = False
 mathjax2_config = {
     "tex2jax": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]],
                 "processEscapes": True, "ignoreClass": "highlight|output|cell_output"},
-    "HTML-CSS": {"availableFonts": [], "webFont": "STIX-Web", "imageFont": None, "scale": 90},
+    # MathJax 2 probes web fonts against a "MathJax_Blank" @font-face whose src is
+    # url('about:blank'): Chromium refuses that as a font and logs a SEVERE console error on
+    # every page with math. local() names a font no one has: the same fallback, no request.
+    "HTML-CSS": {"availableFonts": [], "webFont": "STIX-Web", "imageFont": None, "scale": 90,
+                 "styles": {"@font-face": {"font-family": "MathJax_Blank",
+                                           "src": "local('MathJax_Blank')"}}},
     "menuSettings": {"zoom": "None"},
     "showMathMenu": False,
     "messageStyle": "none",

@@ -45,12 +45,17 @@ if chromium.missing():  # make site-test asked for the browser: say what is miss
 if not (SITE / "index.html").exists():
     pytest.fail("build/site is not built: run `make site` first", pytrace=False)
 
-# Runs in the page: waits for every image, then reports what the tests check.
+# Runs in the page: waits for MathJax, the fonts and every image, then reports what the tests check.
 PAGE_FACTS = r"""
 const done = arguments[arguments.length - 1];
 const imgs = Array.from(document.images);
 imgs.forEach(img => { img.loading = "eager"; });
-Promise.all(imgs.map(img => img.decode().catch(() => null))).then(() => {
+// MathJax typesets (and fetches its web fonts) after load: leaving a page while it does so
+// makes Chromium log the cancelled font request as a SEVERE entry against the next page.
+const mathDone = new Promise(resolve =>
+  (window.MathJax && MathJax.Hub) ? MathJax.Hub.Queue(resolve) : resolve());
+mathDone.then(() => document.fonts.ready)
+  .then(() => Promise.all(imgs.map(img => img.decode().catch(() => null)))).then(() => {
   const outputs = Array.from(document.querySelectorAll("div.cell_output, div.output"));
   const tracebacks = outputs
     .filter(o => o.matches("div.output.traceback") || o.textContent.includes(arguments[0]))
@@ -72,6 +77,8 @@ Promise.all(imgs.map(img => img.decode().catch(() => null))).then(() => {
     external: external,
     links: Array.from(document.querySelectorAll("a[href]")).map(a => a.href),
     runBox: (document.querySelector(".course-run") || {textContent: ""}).textContent,
+    math: document.querySelectorAll("span.MathJax, div.MathJax_Display").length,
+    rawMath: document.body.innerText.includes("\\("),
     rankLogs: Array.from(document.querySelectorAll("div.cell_output pre"))
       .filter(p => /^\[rank \d+\] /m.test(p.textContent))
       .map(p => ({font: getComputedStyle(p).fontFamily, whiteSpace: getComputedStyle(p).whiteSpace})),
@@ -208,3 +215,11 @@ def test_screenshots_were_saved(site):
     for name in ("landing.png", "lesson-04-top.png", "lesson-04-figure.png"):
         path = SCREENSHOTS / name
         assert path.stat().st_size > 10_000, path
+
+
+def test_math_is_typeset(site):
+    """13 writes its memory formulas in $..$: MathJax (local copy, with its font probe quieted in
+    docs/conf.py) turns every one into rendered math, leaving no raw TeX on the page."""
+    facts = site["facts"]["lessons/13_sharding.html"]
+    assert facts["math"] >= 3, facts["math"]
+    assert not facts["rawMath"], "raw \\( ... \\) left on the page: MathJax did not typeset it"
