@@ -16,6 +16,10 @@ import torch
 from ddp_tutorial.elastic import join_and_leave, record_failure, replay
 
 
+# no Slurm: make slurm-test runs these beside the Slurm tests, one at a time
+pytestmark = pytest.mark.xdist_group("elastic")
+
+
 @pytest.mark.timeout(420)  # two agents, restarts, then the replay: minutes on a busy 2-core machine
 def test_a_node_joins_and_leaves_and_training_resumes_each_time_to_the_same_weights(tmp_path):
     run = join_and_leave(str(tmp_path))

@@ -21,6 +21,10 @@ from ddp_tutorial.slurm import script_path
 sys.path.insert(0, os.path.dirname(__file__))
 from slurm_cluster import SlurmUnavailable, slurm_cluster  # noqa: E402
 
+# one worker for the Slurm tests (one throwaway cluster at a time);
+# make slurm-test runs test_elastic.py beside them on the other worker
+pytestmark = pytest.mark.xdist_group("slurm")
+
 JOB_TIMEOUT = 150.0
 
 

@@ -14,6 +14,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from slurm_cluster import leftover_processes, slurm_cluster  # noqa: E402
 
 
+# with test_slurm.py: one throwaway cluster at a time
+pytestmark = pytest.mark.xdist_group("slurm")
+
+
 class Boom(Exception):
     pass
 
