@@ -75,7 +75,7 @@ def test_gpu_setup_puts_local_rank_r_on_cuda_r_when_every_rank_has_a_gpu(gpus, p
 @pytest.mark.parametrize("lr", [0, 3])
 def test_gpu_setup_agrees_with_what_set_device_for_does(monkeypatch, lr):
     made_current = []
-    monkeypatch.setattr(env, "cuda_device_count", lambda: 4)  # a node with 4 GPUs, simulated
+    monkeypatch.setattr(env.devices, "cuda_device_count", lambda: 4)  # a node with 4 GPUs, simulated
     monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
     device = env.set_device_for(lr, "nccl")
     plan = pg.gpu_setup(lr, 4, cuda_devices=4)
