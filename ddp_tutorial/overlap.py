@@ -73,7 +73,7 @@ def message_sizes(kind: str, ddp: nn.Module, step: Callable[[], object]) -> list
     return sizes
 
 
-def stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+def stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
     """A function that runs one training step of ``model`` on ``(x, y)``: forward, backward, SGD update."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
@@ -84,7 +84,8 @@ def stepper(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     return step
 
 
-def rank_batch(rank: int, n_in: int, n_out: int, batch_size: int, seed: int, device: torch.device):
+def rank_batch(rank: int, n_in: int, n_out: int, batch_size: int, seed: int,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's random ``(x, y)`` for a model of ``n_in`` inputs and ``n_out`` outputs."""
     gen = torch.Generator().manual_seed(seed + rank)
     return (torch.randn(batch_size, n_in, generator=gen).to(device),
