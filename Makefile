@@ -38,14 +38,15 @@ test: unit nbval
 # Two test files at a time (--dist loadfile keeps a file's tests, and their fixtures, in one
 # worker): most multi-process tests wait on process starts and timeouts, not on the CPU, so
 # this cuts the time by about a third even on 2 cores. TEST_WORKERS=0 runs them one by one.
+# Notebooks likewise, two at a time (each has its own kernel, and loadfile keeps a notebook's
+# cells in order in one worker): 233 s instead of 310-350 s here.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 unit: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10 tests
+	$(PY) -m pytest $(XDIST) --durations=10 tests
 
-# Two notebooks at a time too (each has its own kernel; loadfile keeps a notebook's cells in
-# order in one worker): 233 s instead of 310-350 s here.
 nbval: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks
+	$(PY) -m pytest $(XDIST) $(NBVAL) notebooks
 
 # Stored outputs must not depend on the CPU's vector ISA (an ARM laptop runs torch's
 # portable kernels). ATEN_CPU_CAPABILITY must be lowercase, and an invalid or unsupported
@@ -59,7 +60,7 @@ nbval-portable: $(STAMP)
 	    echo "nbval-portable: skipping $$cap: torch runs $$got kernels with it (this CPU lacks $$cap)"; \
 	    continue; fi; \
 	  echo "nbval-portable: every notebook on $$cap kernels"; \
-	  ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(NBVAL) notebooks || exit 1; \
+	  ATEN_CPU_CAPABILITY=$$cap $(PY) -m pytest $(XDIST) $(NBVAL) notebooks || exit 1; \
 	done
 
 # Only on 127.0.0.1. JupyterLab refuses to start as root (as in most containers) unless

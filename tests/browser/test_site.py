@@ -50,8 +50,8 @@ PAGE_FACTS = r"""
 const done = arguments[arguments.length - 1];
 const imgs = Array.from(document.images);
 imgs.forEach(img => { img.loading = "eager"; });
-// MathJax typesets (and fetches its web fonts) after load: leaving a page while it does so
-// makes Chromium log the cancelled font request as a SEVERE entry against the next page.
+// MathJax typesets (and loads its web fonts) after the page's load event: wait for it, so what
+// it logs to the console is collected with this page, every time, not only when a race shows it.
 const mathDone = new Promise(resolve =>
   (window.MathJax && MathJax.Hub) ? MathJax.Hub.Queue(resolve) : resolve());
 mathDone.then(() => document.fonts.ready)
