@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.train
+	$(VENV)/bin/torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.training.train
 
 test: unit nbval
 
@@ -91,7 +91,7 @@ clean:
 # The course as a website (issue 16): the lessons with their stored, nbval-checked outputs (never
 # re-executed), the exercises, the benchmark run and the API reference, in build/site.
 #   make site        build/site/index.html (docs/conf.py; warnings are errors)
-#   make site-test   the docstring reader with Sphinx installed (tests/test_site_config.py, skipped
+#   make site-test   the docstring reader with Sphinx installed (tests/infra/test_site_config.py, skipped
 #                    by make test), then every page in headless Chromium (tests/browser/test_site.py; screenshots in
 #                    build/site-screenshots/); needs Debian's chromium and chromium-driver
 #   make site-serve  the site on http://127.0.0.1:8000
@@ -114,7 +114,7 @@ site: $(SITE_STAMP)
 	@echo "the site: build/site/index.html"
 
 site-test: site $(BROWSER_STAMP)
-	$(PY) -m pytest -p no:cacheprovider -v -s tests/test_site_config.py tests/browser/test_site.py
+	$(PY) -m pytest -p no:cacheprovider -v -s tests/infra/test_site_config.py tests/browser/test_site.py
 
 site-serve: site
 	$(PY) -m http.server --bind 127.0.0.1 --directory build/site 8000
@@ -129,11 +129,11 @@ lab-test: $(BROWSER_STAMP)
 	$(PY) -m pytest -p no:cacheprovider -v -s tests/browser/test_lab.py
 
 # Lesson 15's Slurm scripts and elastic torchrun, run for real (issue 17): a throwaway two-node
-# Slurm on this machine (munged, slurmctld, two slurmd; tests/cluster/slurm_cluster.py), always
+# Slurm on this machine (munged, slurmctld, two slurmd; tests/slurm/slurm_cluster.py), always
 # torn down. Needs root and Debian's slurmctld slurmd slurm-client munge (installed when missing).
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge
 # Two workers: the Slurm tests (one throwaway cluster at a time) on one, the elastic tests (no
-# Slurm) on the other (xdist_group marks in tests/cluster).
+# Slurm) on the other (xdist_group marks in tests/slurm).
 slurm-test: $(STAMP)
 	@missing=""; for cmd in munged mungekey slurmctld slurmd sbatch; do \
 	  PATH="$$PATH:/usr/sbin:/sbin" command -v $$cmd > /dev/null || missing="$$missing $$cmd"; done; \
@@ -145,4 +145,4 @@ slurm-test: $(STAMP)
 	  echo "slurm-test: installing $(SLURM_PACKAGES) (missing:$$missing)"; \
 	  apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) > /dev/null 2>&1 || \
 	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) > /dev/null; } || exit 1; fi
-	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadgroup --durations=10 tests/cluster
+	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadgroup --durations=10 tests/slurm

@@ -19,7 +19,7 @@ import time
 OPTIONAL = ["torchvision", "matplotlib", "sklearn", "tqdm", "nbval", "ipykernel"]
 
 # The oldest releases the course runs on: the ONE home of these numbers.
-# pyproject.toml and environment.yml repeat them (tests/test_project.py checks that),
+# pyproject.toml and environment.yml repeat them (tests/infra/test_project.py checks that),
 # README.md's "Versions" says which API sets each one. torch 2.8 is the first with
 # gloo's ReduceOp.AVG and list-form reduce_scatter, and with TCPStore(master_listen_fd=)
 # on the default libuv store; torchvision 0.23 is the release paired with torch 2.8.
@@ -103,7 +103,7 @@ def devices() -> dict[str, object]:
 
 def check_all_reduce(world_size: int = 2, timeout: float = 60.0) -> float:
     """Run the hello all-reduce on ``world_size`` ranks; return the warm launch time in seconds."""
-    from ddp_tutorial.hello import all_reduce_ranks
+    from ddp_tutorial.comm.hello import all_reduce_ranks
     from ddp_tutorial.launch import spawn
 
     expected = [world_size * (world_size - 1) / 2] * world_size

@@ -1,7 +1,10 @@
-"""Models used across the lessons, small enough to train on a 2-core CPU.
+"""Models used across the lessons, small enough to train on a 2-core CPU: the one home of models.
 
-``ToyModel`` is the classic DDP example (``06_ddp_spawn``); lessons add their
-models here so that every lesson shares one definition.
+``ToyModel`` is the classic DDP example (``06_ddp_spawn``); lessons add their models here so
+that every lesson shares one definition. Two registries by name: ``make_model`` for the
+data-parallel lessons' models with their (in, out) features, ``build_model`` for the
+``--model`` of ``python -m ddp_tutorial.training.train``. ``TinyTransformer`` is the GPT in
+miniature that the sharding lessons train on ``token_batch``.
 """
 
 from __future__ import annotations
@@ -63,6 +66,18 @@ class SharedLayerNet(nn.Module):
         return self.head(h)
 
 
+def make_model(name: str, seed: int, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, tuple[int, int]]:
+    """A model by name and its (in, out) features: ``toy``, ``shared`` (a layer used twice + BatchNorm), ``mlp`` (small), ``big`` (~1M, deep)."""
+    torch.manual_seed(seed)
+    model, shape = {
+        "toy": lambda: (ToyModel(), (10, 5)),
+        "shared": lambda: (SharedLayerNet(), (8, 2)),
+        "mlp": lambda: (DeepMLP(16, 32, 3, 4), (16, 4)),
+        "big": lambda: (DeepMLP(128, 256, 14, 10), (128, 10)),  # 0.92M parameters in 32 tensors
+    }[name]()
+    return model.to(dtype), shape
+
+
 # --------------------------------------------------------- lesson 10 (train.py)
 
 
@@ -104,9 +119,65 @@ TRAIN_MODELS = ("cnn", "resnet18")
 
 
 def build_model(name: str, in_channels: int, num_classes: int) -> nn.Module:
-    """The ``--model`` of ``python -m ddp_tutorial.train``; unknown names raise ``ValueError``."""
+    """The ``--model`` of ``python -m ddp_tutorial.training.train``; unknown names raise ``ValueError``."""
     if name == "cnn":
         return SmallCNN(in_channels, num_classes)
     if name == "resnet18":
         return resnet18_small(in_channels, num_classes)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(TRAIN_MODELS)}")
+
+
+# --------------------------------------------------------- lesson 13 (sharding)
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention, then an MLP, each with a residual."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.norm2, self.up, self.down = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class TinyTransformer(nn.Module):
+    """Token embedding, ``layers`` blocks, a final norm and a head: a GPT in miniature.
+
+    Returns logits of shape (batch * seq, vocab). The defaults (7,648 parameters) keep
+    every size a multiple of 4, so shards over 1, 2 or 4 ranks are exact.
+    """
+
+    def __init__(self, vocab: int = 32, dim: int = 16, heads: int = 2, layers: int = 2):
+        super().__init__()
+        self.vocab = vocab
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x).flatten(0, 1))  # 2-D: the logits are no view of x
+
+
+def token_batch(step: int, world_size: int, rank: int | None = None, per_rank: int = 4, seq: int = 8,
+                vocab: int = 32, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s inputs and next-token targets: ``rank``'s share, or the whole global batch (None).
+
+    Every rank draws the same global batch from the step number and keeps its rows, so one
+    process can train on exactly what all ranks saw together.
+    """
+    gen = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, vocab, (world_size * per_rank, seq + 1), generator=gen)
+    if rank is not None:
+        tokens = tokens[rank * per_rank:(rank + 1) * per_rank]
+    tokens = tokens.to(device)
+    return tokens[:, :-1], tokens[:, 1:].reshape(-1)

@@ -12,7 +12,8 @@ that such interruptions hit all of them alike.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

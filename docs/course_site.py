@@ -16,25 +16,33 @@ import re
 import shutil
 from pathlib import Path
 
+import lessons
 from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.util import logging
-
-import lessons
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 NOTEBOOKS = ROOT / "notebooks"
 logger = logging.getLogger(__name__)
 
-# API pages: (page, title, modules under it). The exercises' solutions and generated stubs are
-# left out: the lessons show each solution in its collapsed walkthrough, after the learner tried.
+# API pages: (page, title, modules under it), in course order: the shared top level, then one page
+# per part. The exercises' solutions and generated stubs are left out: the lessons show each
+# solution in its collapsed walkthrough, after the learner tried.
 API_GROUPS = (
-    ("lessons", "The lessons' modules", "ddp_tutorial"),  # every module no group below claims
+    ("shared", "Shared by every lesson: ddp_tutorial, env, models, ...", "ddp_tutorial"),  # what no part claims
     ("launch", "Starting processes: ddp_tutorial.launch", "ddp_tutorial.launch"),
-    ("pitfalls", "The debugging lab: ddp_tutorial.pitfalls", "ddp_tutorial.pitfalls"),
+    ("comm", "Communication (00, 02-05): ddp_tutorial.comm", "ddp_tutorial.comm"),
+    ("data_parallel", "Data parallelism (01, 06, 07): ddp_tutorial.data_parallel", "ddp_tutorial.data_parallel"),
+    ("training", "Training (10): ddp_tutorial.training", "ddp_tutorial.training"),
+    ("cluster", "To the cluster (08, 15): ddp_tutorial.cluster", "ddp_tutorial.cluster"),
+    ("pipeline_parallel", "Pipeline parallelism (09): ddp_tutorial.pipeline_parallel",
+     "ddp_tutorial.pipeline_parallel"),
+    ("sharding", "Sharding (13): ddp_tutorial.sharding", "ddp_tutorial.sharding"),
+    ("tensor_parallel", "Tensor parallelism (14): ddp_tutorial.tensor_parallel", "ddp_tutorial.tensor_parallel"),
+    ("pitfalls", "The debugging lab (11): ddp_tutorial.pitfalls", "ddp_tutorial.pitfalls"),
+    ("bench", "Benchmarks (12): ddp_tutorial.bench", "ddp_tutorial.bench"),
     ("exercises", "Exercises: ddp_tutorial.exercises", "ddp_tutorial.exercises"),
-    ("bench", "Benchmarks: ddp_tutorial.bench", "ddp_tutorial.bench"),
     ("plots", "Figures: ddp_tutorial.plots", "ddp_tutorial.plots"),
 )
 LIST_ITEM = re.compile(r"^([-*]|\d+\.) ")
@@ -66,7 +74,7 @@ def api_group(module: str) -> str:
     for page, _, prefix in API_GROUPS[1:]:
         if module == prefix or module.startswith(prefix + "."):
             return page
-    return "lessons"
+    return "shared"
 
 
 def api_pages() -> dict[str, str]:

@@ -1,7 +1,7 @@
 """How to run each lesson from a shell: the commands every lesson page of the website shows.
 
 Pure data and string formatting (no Sphinx): the site extension (``course_site.py``) renders it,
-and ``tests/test_site_config.py`` checks that every ``notebooks/NN_*.ipynb`` has an entry and
+and ``tests/infra/test_site_config.py`` checks that every ``notebooks/NN_*.ipynb`` has an entry and
 that every module named here really runs (``main()`` or a ``__main__`` submodule).
 """
 from __future__ import annotations
@@ -42,31 +42,31 @@ def python(module: str, args: str = "", comment: str = "") -> Command:
 
 # Lesson (notebook stem) -> what it runs from a shell: its own module first.
 COMMANDS: dict[str, tuple[Command, ...]] = {
-    "00_start_here": (Command("hello", comment="the first all-reduce"),
+    "00_start_here": (Command("comm.hello", comment="the first all-reduce"),
                       python("", comment="the doctor: can this machine run the course?")),
     "01_data_parallel": (python("bench", "dp", comment="DataParallel vs DDP throughput, same model"),),
-    "02_process_groups": (Command("process_groups"),),
-    "03_point_to_point": (Command("p2p"),),
-    "04_collectives": (Command("collectives"),),
-    "05_ring_all_reduce": (Command("ring"),
+    "02_process_groups": (Command("comm.process_groups"),),
+    "03_point_to_point": (Command("comm.p2p"),),
+    "04_collectives": (Command("comm.collectives"),),
+    "05_ring_all_reduce": (Command("comm.ring"),
                            python("bench", "allreduce", comment="ring vs gloo bus bandwidth")),
-    "06_ddp_spawn": (Command("ddp_spawn"), python("ddp_spawn", comment="the same, started by mp.spawn")),
-    "07_ddp_from_scratch": (Command("ddp_from_scratch"),
+    "06_ddp_spawn": (Command("data_parallel.ddp_spawn"), python("data_parallel.ddp_spawn", comment="the same, started by mp.spawn")),
+    "07_ddp_from_scratch": (Command("data_parallel.ddp_from_scratch"),
                             python("bench", "ddp", comment="BucketedDDP vs torch DDP step time")),
-    "08_torchrun": (Command("multinode", comment="what torchrun tells each process"),
-                    Command("train", "--epochs 2")),
-    "09_model_parallel_ddp": (Command("model_parallel"),
-                              Command("pipeline_grid", nproc=4, comment="2 stages x 2 replicas")),
-    "10_train_end_to_end": (Command("train", "--epochs 5"), python("train", "--epochs 5", comment="one process")),
+    "08_torchrun": (Command("cluster.multinode", comment="what torchrun tells each process"),
+                    Command("training.train", "--epochs 2")),
+    "09_model_parallel_ddp": (Command("pipeline_parallel.model_parallel"),
+                              Command("pipeline_parallel.pipeline_grid", nproc=4, comment="2 stages x 2 replicas")),
+    "10_train_end_to_end": (Command("training.train", "--epochs 5"), python("training.train", "--epochs 5", comment="one process")),
     "11_debugging_and_pitfalls": (python("pitfalls", comment="every pitfall: symptom, then fix"),
                                   Command("pitfalls.launchers")),
     "12_performance": (python("bench", "collectives", comment="time and bandwidth of every collective"),
                        python("bench", "all", comment="the whole suite, about 2 minutes")),
-    "13_sharding": (Command("zero"), Command("fsdp")),
-    "14_tensor_parallel": (Command("tensor_parallel", nproc=4), Command("device_mesh", nproc=4)),
-    "15_cluster": (python("slurm", "list", comment="the Slurm job scripts and what each does"),
-                   python("slurm", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
-                   Command("elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
+    "13_sharding": (Command("sharding.zero"), Command("sharding.fsdp")),
+    "14_tensor_parallel": (Command("tensor_parallel.split_mlp", nproc=4), Command("tensor_parallel.device_mesh", nproc=4)),
+    "15_cluster": (python("cluster.jobs", "list", comment="the Slurm job scripts and what each does"),
+                   python("cluster.jobs", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
+                   Command("cluster.elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
 }
 
 
@@ -79,5 +79,5 @@ def run_instructions(lesson: str) -> tuple[str, str]:
     """(Jupyter commands, shell commands) for a lesson; the shell part is "" without an entry."""
     jupyter = "\n".join([f"make lab    # Jupyter Lab on notebooks/: open {lesson}.ipynb", "# or",
                           f".venv/bin/jupyter lab notebooks/{lesson}.ipynb"])
-    shell = "\n".join(["source .venv/bin/activate"] + [l for c in COMMANDS.get(lesson, ()) for l in c.lines()])
+    shell = "\n".join(["source .venv/bin/activate"] + [line for c in COMMANDS.get(lesson, ()) for line in c.lines()])
     return jupyter, shell if lesson in COMMANDS else ""

@@ -1,6 +1,6 @@
 """``bench allreduce``: bus bandwidth of ``ring_all_reduce`` against ``dist.all_reduce``, over sizes.
 
-The measurement is lesson 05's (``ddp_tutorial.busbw``: algbw, busbw and a one-thread
+The measurement is lesson 05's (``ddp_tutorial.comm.busbw``: algbw, busbw and a one-thread
 memory copy as nccl-tests define them); this runs it over more sizes and repetitions,
 and reports the ratios at 16 MB (``HEADLINE``) on 2 and 4 ranks.
 
@@ -9,13 +9,12 @@ and reports the ratios at 16 MB (``HEADLINE``) on 2 and 4 ranks.
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING
 
-import argparse
-
 from ddp_tutorial.bench.common import Result
-from ddp_tutorial.busbw import HEADLINE, KB, MB, memcpy_bandwidth, sweep
-from ddp_tutorial.ring import PIECE_BYTES
+from ddp_tutorial.comm.busbw import HEADLINE, KB, MB, memcpy_bandwidth, sweep
+from ddp_tutorial.comm.ring import PIECE_BYTES
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.axes import Axes

@@ -4,26 +4,26 @@ A ~1M-parameter ``DeepMLP`` (0.92M in 32 tensors), 2 ranks (gloo on CPU, nccl on
 forward + backward + update. Rows: ``local`` (no communication at all: the floor),
 torch DDP, ``BucketedDDP``, ``FlatDDP``, ``NaiveDDP``. The lesson's own measurements
 (exposed communication, the overlap timeline, the bucket-size sweep) are in
-``ddp_tutorial.overlap`` and ``ddp_tutorial.buckets``; this one shares their step and timer.
+``ddp_tutorial.data_parallel.overlap`` and ``ddp_tutorial.data_parallel.buckets``; this one shares their step and timer.
 
     python -m ddp_tutorial.bench ddp [--world-size 2] [--repeat 20] [--plot ddp.png]
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import argparse
 import copy
 import gc
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from ddp_tutorial.bench.common import Result
-from ddp_tutorial.ddp_from_scratch import WRAPPERS, BucketedDDP, make_model
+from ddp_tutorial.data_parallel.ddp_from_scratch import WRAPPERS, BucketedDDP
+from ddp_tutorial.data_parallel.overlap import rank_batch, stepper
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.launch import spawn
-from ddp_tutorial.overlap import rank_batch, stepper
+from ddp_tutorial.models import make_model
 from ddp_tutorial.timing import take_turns
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn

@@ -16,11 +16,10 @@ step of ``DeepMLP`` (~1M parameters), global batch ``--batch-size``:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -94,7 +93,7 @@ def ddp_step_seconds(rank: int, world_size: int, global_batch: int, steps: int,
 def local_step_seconds(kind: str, global_batch: int, replicas: int, steps: int,
                        repeat: int) -> tuple[float, float]:
     """(seconds per step, cores used) in this process: ``kind`` is ``"single"`` or ``"dp"``."""
-    from ddp_tutorial.data_parallel import MiniDataParallel
+    from ddp_tutorial.data_parallel.mini_dp import MiniDataParallel
 
     torch.manual_seed(0)
     model: nn.Module = DeepMLP()

@@ -8,17 +8,16 @@ server that imported torch once (see ``00_start_here``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 from ddp_tutorial.bench.common import Result, timed
-from ddp_tutorial.hello import all_reduce_ranks
+from ddp_tutorial.comm.hello import all_reduce_ranks
 from ddp_tutorial.launch import LOCALHOST, free_port, spawn
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn

@@ -17,17 +17,30 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Iterator, Mapping, TextIO
+from typing import TextIO
 
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.env.devices import (bound_device, choose_backend, choose_device, cuda_device_count, serves_cuda,
-                                      set_device_for)
-from ddp_tutorial.env.ranks import (NotLaunchedError, RankInfo, launched_by_torchrun, launcher_variable, local_rank,
-                                    rank_info)
+from ddp_tutorial.env.devices import (
+    bound_device,
+    choose_backend,
+    choose_device,
+    cuda_device_count,
+    serves_cuda,
+    set_device_for,
+)
+from ddp_tutorial.env.ranks import (
+    NotLaunchedError,
+    RankInfo,
+    launched_by_torchrun,
+    launcher_variable,
+    local_rank,
+    rank_info,
+)
 from ddp_tutorial.env.slurm import SlurmError, slurm_launcher_env, slurm_rank_info, tasks_per_node
 
 __all__ = ["cuda_device_count", "choose_backend", "serves_cuda", "choose_device", "set_device_for", "bound_device", "RankInfo",

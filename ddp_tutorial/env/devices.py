@@ -2,7 +2,7 @@
 
 NCCL and ``cuda:LOCAL_RANK`` only when CUDA has a device for every local rank, otherwise gloo
 on the CPU (``00_start_here``, ``02_process_groups``, ``06_ddp_spawn``). The counts are
-arguments, so the rule is unit-tested without a GPU (tests/test_env.py).
+arguments, so the rule is unit-tested without a GPU (tests/infra/test_env.py).
 """
 
 from __future__ import annotations

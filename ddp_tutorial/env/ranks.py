@@ -8,8 +8,8 @@ of a ``KeyError: 'RANK'`` (``08_torchrun``, ``11_debugging_and_pitfalls``).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch.distributed as dist
 

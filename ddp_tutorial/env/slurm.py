@@ -1,16 +1,16 @@
 """Rank, local rank and world size of a task that ``srun`` started, from Slurm's variables.
 
 ``SLURM_PROCID`` -> rank, ``SLURM_LOCALID`` -> local rank, ``SLURM_NTASKS`` -> world size, the
-node's share from ``SLURM_TASKS_PER_NODE`` (``15_cluster``; ``python -m ddp_tutorial.slurm``
+node's share from ``SLURM_TASKS_PER_NODE`` (``15_cluster``; ``python -m ddp_tutorial.cluster.jobs``
 turns them into torchrun's variables). Pure functions of an environment mapping, unit-tested
-in tests/test_slurm_env.py.
+in tests/cluster/test_jobs.py.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from ddp_tutorial.env.ranks import NotLaunchedError, RankInfo
 
@@ -43,14 +43,14 @@ def slurm_rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
     ``SLURM_PROCID`` is the rank, ``SLURM_LOCALID`` the local rank, ``SLURM_NTASKS`` the world
     size; the node's own count comes from the per-node list (``SLURM_STEP_TASKS_PER_NODE``,
     else ``SLURM_TASKS_PER_NODE``, else ``SLURM_NTASKS_PER_NODE``) at ``SLURM_NODEID``
-    (``15_cluster``; ``python -m ddp_tutorial.slurm`` exports them the way torchrun would).
+    (``15_cluster``; ``python -m ddp_tutorial.cluster.jobs`` exports them the way torchrun would).
     """
     env = os.environ if environ is None else environ
     names = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID")
     missing = [name for name in names if name not in env]
     if missing:
         raise SlurmError(f"{', '.join(missing)} not set: start each rank with srun inside a Slurm job "
-                         f"(srun python -m ddp_tutorial.slurm MODULE ...)")
+                         f"(srun python -m ddp_tutorial.cluster.jobs MODULE ...)")
     try:
         rank, local, world_size, node = (int(env[name]) for name in names)
     except ValueError:

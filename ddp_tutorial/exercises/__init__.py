@@ -17,10 +17,10 @@ rank-side workers), ``harness`` and ``tracing`` (inside the ranks), ``checker``
 
 from __future__ import annotations
 
-from ddp_tutorial.exercises.checker import CheckResult, check, run_check
-from ddp_tutorial.exercises.registry import EXERCISES, describe, get
-from ddp_tutorial.exercises.spec import Exercise
 from ddp_tutorial.exercises import workspace
+from ddp_tutorial.exercises.checker import CheckResult, check, run_check
+from ddp_tutorial.exercises.exercise import Exercise
+from ddp_tutorial.exercises.registry import EXERCISES, describe, get
 
 __all__ = ["check", "run_check", "CheckResult", "show", "reset", "learner_file", "EXERCISES", "Exercise", "get"]
 

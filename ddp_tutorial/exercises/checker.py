@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp_tutorial.exercises import workspace
+from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.registry import get
-from ddp_tutorial.exercises.spec import Exercise
 from ddp_tutorial.exercises.tracing import where_stuck
 from ddp_tutorial.launch import WorkerError, WorkerTimeout, spawn
 

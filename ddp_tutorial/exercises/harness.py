@@ -14,8 +14,9 @@ import ast
 import itertools
 import sys
 import types
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,7 @@ SOLUTIONS = "ddp_tutorial.exercises.solutions"
 def imported_module(text: str, modules: Sequence[str]) -> str | None:
     """The first import in ``text`` of one of ``modules`` (or of a module inside one), else None.
 
-    ``from ddp_tutorial import ring`` counts as importing ``ddp_tutorial.ring``.
+    ``from ddp_tutorial.comm import ring`` counts as importing ``ddp_tutorial.comm.ring``.
     """
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.Import):
@@ -56,7 +57,7 @@ def load_function(source: str, function: str, *, refuse: Sequence[str] = ()) -> 
     Compiled from the text on disk each time (no ``__pycache__``: a quick edit of
     the same size within a second would otherwise load the old bytecode). A file that
     imports the solutions, or one of the course modules in ``refuse`` (the exercise's own
-    answer, e.g. ``ddp_tutorial.ring`` for ``ring_all_reduce``), raises ``NotAllowed``.
+    answer, e.g. ``ddp_tutorial.comm.ring`` for ``ring_all_reduce``), raises ``NotAllowed``.
     """
     path = Path(source)
     text = path.read_text(encoding="utf-8")

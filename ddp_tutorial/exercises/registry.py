@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import difflib
+import importlib
+import pkgutil
 import textwrap
 
-from ddp_tutorial.exercises.checks import (collectives, ddp_from_scratch, ddp_spawn, model_parallel, p2p,
-                                           performance, pitfalls, process_groups, ring, sharding,
-                                           tensor_parallel, torchrun, training)
-from ddp_tutorial.exercises.spec import Exercise
+from ddp_tutorial.exercises import checks
+from ddp_tutorial.exercises.exercise import Exercise
 
-LESSONS = (process_groups, p2p, collectives, ring, ddp_spawn, ddp_from_scratch, torchrun, model_parallel,
-           training, pitfalls, performance, sharding, tensor_parallel)  # 02 ... 14, in order
-EXERCISES: dict[str, Exercise] = {e.name: e for module in LESSONS for e in module.EXERCISES}
+
+def _discover() -> dict[str, Exercise]:
+    """Every ``checks.lesson_*`` module's ``EXERCISES``, in lesson order: the order is each
+    exercise's own ``number`` ("5.1"), so it is written in one place, beside the exercise."""
+    found = [e for info in pkgutil.iter_modules(checks.__path__) if info.name.startswith("lesson_")
+             for e in importlib.import_module(f"{checks.__name__}.{info.name}").EXERCISES]
+    found.sort(key=lambda e: tuple(int(part) for part in e.number.split(".")))
+    return {e.name: e for e in found}
+
+
+EXERCISES: dict[str, Exercise] = _discover()
 
 
 class UnknownExercise(KeyError):

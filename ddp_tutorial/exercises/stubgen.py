@@ -1,7 +1,7 @@
 """Stubs made from the reference solutions: imports, signature and docstring kept, the body replaced.
 
 The committed stubs in ``exercises/stubs/`` must equal what ``stub_source`` makes
-(``tests/test_exercises.py`` checks it). After changing a solution or an exercise's
+(``tests/exercises/test_exercises.py`` checks it). After changing a solution or an exercise's
 number or notebook, write them again:
 
     python -m ddp_tutorial.exercises.stubgen
@@ -12,8 +12,8 @@ from __future__ import annotations
 import ast
 import textwrap
 
+from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.registry import EXERCISES
-from ddp_tutorial.exercises.spec import Exercise
 from ddp_tutorial.exercises.workspace import STUBS_DIR, solution_file, stub_file
 
 STUBS_INIT = '"""Made from ``exercises/solutions`` by ``python -m ddp_tutorial.exercises.stubgen``: do not edit."""\n'

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d

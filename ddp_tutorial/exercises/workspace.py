@@ -13,7 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ddp_tutorial.exercises.spec import LEARNER_FOLDER_NAME
+from ddp_tutorial.exercises.exercise import LEARNER_FOLDER_NAME
 
 FOLDER_ENV = "DDP_TUTORIAL_EXERCISES_DIR"
 FRESH_ENV = "DDP_TUTORIAL_EXERCISES_FRESH"

@@ -3,7 +3,7 @@
 ``spawn(fn, world_size)`` is what every notebook uses (from ``00_start_here`` on):
 
     >>> from ddp_tutorial.launch import spawn
-    >>> from ddp_tutorial.hello import all_reduce_ranks
+    >>> from ddp_tutorial.comm.hello import all_reduce_ranks
     >>> spawn(all_reduce_ranks, world_size=2)
     [1.0, 1.0]
 
@@ -37,8 +37,7 @@ The modules, parent to child:
 - ``procs``: the process tree, stopping a process group, Ctrl-C held back meanwhile.
 """
 
-from ddp_tutorial.launch.commands import (TorchrunError, TorchrunResult, run_command, torchrun,  # noqa: F401
-                                          torchrun_command)
+from ddp_tutorial.launch.commands import TorchrunError, TorchrunResult, run_command, torchrun, torchrun_command  # noqa: F401
 from ddp_tutorial.launch.errors import LaunchInterrupted, WorkerError, WorkerTimeout  # noqa: F401
 from ddp_tutorial.launch.spawner import spawn, warm_up  # noqa: F401
 from ddp_tutorial.launch.spec import LOCALHOST, PLAIN_TEXT, LaunchSpec, free_port, watched_live  # noqa: F401

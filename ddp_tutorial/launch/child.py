@@ -9,12 +9,12 @@ import os
 import pickle
 import sys
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from multiprocessing import forkserver as mp_forkserver
 from multiprocessing import spawn as mp_spawn
 from multiprocessing.connection import Connection
-from typing import Iterator
 
 from ddp_tutorial.launch.spec import LaunchSpec
 

@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ddp_tutorial.launch.errors import LaunchInterrupted, stopped_message
 from ddp_tutorial.launch.live import LiveView, choose_view

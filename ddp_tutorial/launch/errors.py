@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Sequence
 
 # A rank's report: (message, remote traceback, stage), stage "init" (setting up the group) or "run".
 Report = tuple[str, str, str]

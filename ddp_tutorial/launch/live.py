@@ -19,7 +19,8 @@ from __future__ import annotations
 import shutil
 import sys
 from collections import deque
-from typing import IO, Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import IO, Any, Protocol
 
 _SHOWN_LINES = 40  # the transient display keeps the latest lines: a long run would flood the front end
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import codecs
 import re
-from typing import IO, Sequence
+from collections.abc import Sequence
+from typing import IO
 
 # The line breaks of str.splitlines() except a lone "\r", which only returns to the line's start.
 _LINE_BREAK = re.compile("\r\n|[\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")

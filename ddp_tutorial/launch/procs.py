@@ -10,8 +10,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 
 def children_by_parent() -> dict[int, list[int]]:

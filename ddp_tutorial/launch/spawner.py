@@ -13,13 +13,21 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ddp_tutorial.launch.child import children_skip_main, context, is_warm, no_op, run_rank
-from ddp_tutorial.launch.errors import (LaunchInterrupted, Report, WorkerTimeout, is_init_flake, rank_range,
-                                        stopped_message, worker_error)
+from ddp_tutorial.launch.errors import (
+    LaunchInterrupted,
+    Report,
+    WorkerTimeout,
+    is_init_flake,
+    rank_range,
+    stopped_message,
+    worker_error,
+)
 from ddp_tutorial.launch.live import LiveView, choose_view
 from ddp_tutorial.launch.output import RankOutput, in_progress, relay
 from ddp_tutorial.launch.procs import interrupts_held_back, signal_group, still_running

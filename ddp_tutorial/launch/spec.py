@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 LOCALHOST = "127.0.0.1"
 LIVE_ENV = "DDP_TUTORIAL_LIVE"  # set to "1" in ranks whose output is shown while they run

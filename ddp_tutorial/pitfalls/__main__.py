@@ -14,13 +14,14 @@ import argparse
 import os
 import sys
 import tempfile
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from ddp_tutorial.ddp_spawn import sampler_orders
+from ddp_tutorial.data_parallel.ddp_spawn import sampler_orders
 from ddp_tutorial.env import choose_backend
-from ddp_tutorial.pitfalls import checkpoints, collectives, launchers, strays
+from ddp_tutorial.pitfalls import checkpoints, launchers, mismatches, strays
 from ddp_tutorial.pitfalls.hangs import HANG_CHECKLIST, expect
-from ddp_tutorial.pitfalls.harness import outcome
+from ddp_tutorial.pitfalls.outcomes import outcome
 
 
 def _show(title: str, fn: Callable[..., Any], args: Sequence[Any] = (), demo: str | None = None) -> None:
@@ -31,22 +32,22 @@ def _show(title: str, fn: Callable[..., Any], args: Sequence[Any] = (), demo: st
 
 
 def _extra_collective() -> None:
-    _show("extra collective", collectives.extra_collective, (), "extra_collective")
-    _show("extra collective, DETAIL", collectives.extra_collective, ("DETAIL",), "extra_collective_detail")
+    _show("extra collective", mismatches.extra_collective, (), "extra_collective")
+    _show("extra collective, DETAIL", mismatches.extra_collective, ("DETAIL",), "extra_collective_detail")
 
 
 def _skips_barrier() -> None:
-    _show("rank stuck, monitored_barrier", collectives.skips_barrier, (1,), "skips_barrier")
+    _show("rank stuck, monitored_barrier", mismatches.skips_barrier, (1,), "skips_barrier")
 
 
 def _joins() -> None:
-    _show("wrong world size", collectives.joins, (3,), "joins")
-    _show("world size from WORLD_SIZE", collectives.joins, (None, 30.0), "joins")
+    _show("wrong world size", mismatches.joins, (3,), "joins")
+    _show("world size from WORLD_SIZE", mismatches.joins, (None, 30.0), "joins")
 
 
 def _uneven_inputs() -> None:
-    _show("uneven inputs", collectives.uneven_inputs, (False,), "uneven_inputs")
-    _show("uneven inputs with Join", collectives.uneven_inputs, (True,), "uneven_inputs")
+    _show("uneven inputs", mismatches.uneven_inputs, (False,), "uneven_inputs")
+    _show("uneven inputs with Join", mismatches.uneven_inputs, (True,), "uneven_inputs")
 
 
 def _set_epoch() -> None:

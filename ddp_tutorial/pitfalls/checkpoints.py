@@ -1,7 +1,7 @@
 """Checkpoint pitfalls, reproduced for real: every rank writing one file, loading without ``map_location``.
 
 Used by ``11_debugging_and_pitfalls`` (through ``harness.outcome``). The right
-way is ``ddp_tutorial.checkpoint.save_checkpoint`` (rank 0, atomic) and
+way is ``ddp_tutorial.training.checkpoint.save_checkpoint`` (rank 0, atomic) and
 ``torch.load(..., map_location=device, weights_only=True)``; these workers show
 what goes wrong without it. A write that pauses half way (``PausingWriter``)
 makes the unlucky moment happen every time instead of once a month.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import re
 import socket
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Sequence
 
 import torch.distributed as dist
 
 from ddp_tutorial.env import choose_backend, choose_device, launcher_variable, rank_info, whole_lines
 from ddp_tutorial.launch import LOCALHOST
-from ddp_tutorial.pitfalls.harness import clean_message
+from ddp_tutorial.pitfalls.outcomes import clean_message
 
 __all__ = ["store_on_busy_port", "store_on_port_zero", "local_rank_report", "local_rank_as_launched", "main"]
 
@@ -49,7 +49,7 @@ def store_on_port_zero() -> bool:
 
 def local_rank_report(args: argparse.Namespace) -> None:
     """Print what this rank gets from ``--local_rank``, from ``LOCAL_RANK`` and from the fix."""
-    from ddp_tutorial.multinode import resolve_local_rank  # the fix, from 08_torchrun
+    from ddp_tutorial.cluster.multinode import resolve_local_rank  # the fix, from 08_torchrun
 
     rank = rank_info()
     # The raw variable is the lesson here: what the launcher did or did not set.

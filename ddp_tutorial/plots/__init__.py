@@ -6,12 +6,22 @@ Functions take an ``ax`` (or create a figure) and return it; they never call
 (13); ``meshes``: which rank holds which block of a tensor (14).
 """
 
-from ddp_tutorial.plots.comm import (plot_allreduce_fit, plot_busbw, plot_collective, plot_ring_steps,
-                                     plot_subgroups, plot_token_ring)
+from ddp_tutorial.plots.comm import (
+                                     plot_allreduce_fit,
+                                     plot_busbw,
+                                     plot_collective,
+                                     plot_ring_steps,
+                                     plot_subgroups,
+                                     plot_token_ring,
+)
 from ddp_tutorial.plots.meshes import plot_tensor_blocks
 from ddp_tutorial.plots.sharding import plot_bytes_per_rank
-from ddp_tutorial.plots.timelines import (plot_bucket_sweep, plot_overlap_timeline, plot_pipeline_timeline,
-                                          plot_stage_grid)
+from ddp_tutorial.plots.timelines import (
+                                     plot_bucket_sweep,
+                                     plot_overlap_timeline,
+                                     plot_pipeline_timeline,
+                                     plot_stage_grid,
+)
 
 __all__ = ["plot_collective", "plot_ring_steps", "plot_busbw", "plot_subgroups", "plot_token_ring",
            "plot_allreduce_fit", "plot_overlap_timeline", "plot_bucket_sweep", "plot_pipeline_timeline",

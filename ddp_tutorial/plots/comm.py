@@ -6,7 +6,8 @@ Used by ``02_process_groups`` to ``05_ring_all_reduce`` and ``07_ddp_from_scratc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the package
     from matplotlib.axes import Axes
@@ -78,7 +79,7 @@ def plot_ring_steps(states: list, axes: Sequence[Axes] | None = None) -> Sequenc
     """
     import matplotlib.pyplot as plt
 
-    world_size, steps = len(states), len(states[0])
+    world_size = len(states)
     first_in_row = {0}
     if axes is None:
         fig, grid = plt.subplots(2, world_size, squeeze=False,

@@ -6,7 +6,7 @@ timestamps and values the workers really returned.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the package
     from matplotlib.axes import Axes

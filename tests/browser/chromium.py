@@ -41,7 +41,7 @@ def missing() -> str | None:
 
 
 @contextlib.contextmanager
-def browser(width: int = 1366, height: int = 900) -> Iterator["object"]:
+def browser(width: int = 1366, height: int = 900) -> Iterator[object]:
     """A selenium WebDriver on a fresh headless Chromium, quit (with its profile removed) on exit.
 
     The browser console is recorded: `driver.get_log("browser")` returns its entries.

@@ -33,9 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 import chromium
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -252,7 +251,7 @@ def test_the_notebook_opens_unmodified_and_saves_byte_identical(lab):
 
 def test_run_all_shows_rank_lines_and_no_error(lab):
     page = open_notebook(lab, NOTEBOOK)
-    torchrun_cell = next(i for i, c in enumerate(page["cells"]) if 'torchrun("ddp_tutorial.hello"' in c["input"])
+    torchrun_cell = next(i for i, c in enumerate(page["cells"]) if 'torchrun("ddp_tutorial.comm.hello"' in c["input"])
     run_all_from_the_menu(lab)
     started = time.monotonic()
     torchrun_live = []  # what the torchrun cell showed while it ran

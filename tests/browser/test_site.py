@@ -26,9 +26,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urldefrag, urlparse
 
-import pytest
-
 import chromium
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "build" / "site"
@@ -91,7 +90,7 @@ def heading(notebook: Path) -> str:
     """The lesson's title as the browser shows it: its first Markdown heading, markup removed."""
     cells = json.loads(notebook.read_text())["cells"]
     first = next(c for c in cells if c["cell_type"] == "markdown")
-    line = next(l for l in "".join(first["source"]).splitlines() if l.startswith("# "))
+    line = next(t for t in "".join(first["source"]).splitlines() if t.startswith("# "))
     return re.sub(r"[`*]", "", line[2:]).strip()
 
 

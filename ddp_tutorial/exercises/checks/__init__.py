@@ -1,4 +1,6 @@
-"""The checks, one module per lesson: each defines its ``EXERCISES`` and their rank-side workers.
+"""The checks, one module per lesson, named after its notebook (``lesson_ring_all_reduce`` checks
+``05_ring_all_reduce``): each defines its ``EXERCISES`` and their rank-side workers; ``registry``
+finds them all and orders them by number.
 
 A worker runs in every rank as ``worker(rank, world_size, source, function, trace_dir)``,
 loads the learner's function from ``source`` (``harness.load_function``) and compares

@@ -12,7 +12,7 @@ parameters and buffers handled too.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

@@ -6,7 +6,7 @@ gives every rank the totals one process scoring everything would get. Averaging 
 (``ReduceOp.AVG``, or dividing by the world size) is wrong twice: the totals come out
 ``world_size`` times too small, and with uneven shards a mean of per-rank means weighs the
 samples unequally. Divide only at the very end: ``loss_sum / count``, ``correct / count``.
-``ddp_tutorial/evaluation.py`` does the same with ``score`` and ``evaluate``.
+``ddp_tutorial/training/evaluation.py`` does the same with ``score`` and ``evaluate``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ rank ``r`` passes on chunk ``r - t``, which it has just added to, and adds what 
 into chunk ``r - t - 1``: after ``n - 1`` steps chunk ``r + 1`` holds every rank's
 contribution. The all-gather passes those finished chunks once more around the ring,
 copying instead of adding. Each rank sends ``2 (n - 1)`` chunks, ``2 (n - 1) / n`` of
-the tensor, whatever ``n`` is. ``ddp_tutorial.ring`` adds pipelining and every op.
+the tensor, whatever ``n`` is. ``ddp_tutorial.comm.ring`` adds pipelining and every op.
 """
 
 from __future__ import annotations

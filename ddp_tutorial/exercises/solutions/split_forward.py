@@ -6,7 +6,7 @@ pass copies the input to the first device and the hidden activation to the secon
 copy is the only communication of in-process model parallelism. ``Tensor.to`` is
 differentiable, so backward copies the gradient back across the same boundary and the
 first half is trained as before; a ``.detach()`` or ``.data`` there would cut it off.
-``ToyMpModel`` in ``ddp_tutorial/model_parallel.py`` is the same split as a class.
+``ToyMpModel`` in ``ddp_tutorial/pipeline_parallel/model_parallel.py`` is the same split as a class.
 """
 
 from __future__ import annotations

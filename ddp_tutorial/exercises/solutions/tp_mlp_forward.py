@@ -8,7 +8,7 @@ the hidden activations without talking to anyone. The output is a sum over all h
 units, so each rank's ``h_r W2_r^T`` is a partial sum: one all-reduce (SUM) adds the
 ranks' parts. ``b2`` belongs to the whole sum: add it once, after the all-reduce; added
 before it, every rank would contribute it and the output would hold ``n b2``. Megatron-LM
-calls the two identities around the split ``f`` and ``g``; ``ddp_tutorial.tensor_parallel``
+calls the two identities around the split ``f`` and ``g``; ``ddp_tutorial.tensor_parallel.split_mlp``
 makes them autograd functions, so that backward works too.
 """
 

@@ -7,7 +7,7 @@ delivers exactly that (the sum; divide by ``n``). Adam then updates the slice of
 parameters (a view of ``params_flat``, so in place), and an all-gather sends every rank
 every updated slice. A reduce-scatter plus an all-gather carry the same bytes as DDP's one
 all-reduce (a ring all-reduce is the two), so ZeRO-1 saves memory at no extra traffic.
-The input of the all-gather is a copy: it must not alias its output. ``ddp_tutorial.zero``
+The input of the all-gather is a copy: it must not alias its output. ``ddp_tutorial.sharding.zero``
 does the same for a whole model (``ShardedOptimizer``).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.collectives import all_gather_single, reduce_scatter_single
+from ddp_tutorial.comm.collectives import all_gather_single, reduce_scatter_single
 
 BETAS, EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
@@ -30,7 +30,7 @@ def zero1_step(params_flat: torch.Tensor, grads_flat: torch.Tensor, state: dict,
     Adam state for that slice only: ``{"step": int, "exp_avg": tensor(s), "exp_avg_sq":
     tensor(s)}``, zeros and step 0 before the first call. Do:
     1. reduce-scatter the gradients (``reduce_scatter_single(out, grads_flat)`` from
-       ``ddp_tutorial.collectives``, ``dist.reduce_scatter_tensor`` in older torch), then
+       ``ddp_tutorial.comm.collectives``, ``dist.reduce_scatter_tensor`` in older torch), then
        divide by ``n``: the mean gradient of my slice, as DDP would average it;
     2. Adam on my slice, as ``torch.optim.Adam(lr=lr)`` does it (betas 0.9, 0.999, eps 1e-8,
        no weight decay): ``step += 1``; ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g²``;

@@ -10,7 +10,7 @@ Start again from the stub: python -m ddp_tutorial.exercises reset bucketed_grad_
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.collectives import all_gather_single, reduce_scatter_single
+from ddp_tutorial.comm.collectives import all_gather_single, reduce_scatter_single
 
 
 def zero1_step(params_flat: torch.Tensor, grads_flat: torch.Tensor, state: dict, lr: float) -> None:
@@ -25,7 +25,7 @@ def zero1_step(params_flat: torch.Tensor, grads_flat: torch.Tensor, state: dict,
     Adam state for that slice only: ``{"step": int, "exp_avg": tensor(s), "exp_avg_sq":
     tensor(s)}``, zeros and step 0 before the first call. Do:
     1. reduce-scatter the gradients (``reduce_scatter_single(out, grads_flat)`` from
-       ``ddp_tutorial.collectives``, ``dist.reduce_scatter_tensor`` in older torch), then
+       ``ddp_tutorial.comm.collectives``, ``dist.reduce_scatter_tensor`` in older torch), then
        divide by ``n``: the mean gradient of my slice, as DDP would average it;
     2. Adam on my slice, as ``torch.optim.Adam(lr=lr)`` does it (betas 0.9, 0.999, eps 1e-8,
        no weight decay): ``step += 1``; ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g²``;

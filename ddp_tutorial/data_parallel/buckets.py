@@ -1,0 +1,96 @@
+"""How big should a bucket be? Per-call latency against a late start (``07_ddp_from_scratch``).
+
+With ``n`` buckets carrying ``S`` bytes in all, communication costs about
+``n * latency + S / bandwidth``. Small buckets leave early, while backward still runs, but
+pay the latency many times; one huge bucket pays it once and cannot leave before backward
+is over. Three pieces measure the trade on this machine:
+
+- ``allreduce_times``: one blocking all-reduce of each of several sizes;
+- ``bucket_sweep``: for several bucket caps, ``BucketedDDP``'s step time and its buckets'
+  all-reduces done back to back with nothing to overlap;
+- ``fit_overhead_model``: the latency and bandwidth that explain those times best.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import time
+
+import torch
+import torch.distributed as dist
+
+from ddp_tutorial.data_parallel.ddp_from_scratch import BucketedDDP
+from ddp_tutorial.data_parallel.overlap import rank_batch, stepper
+from ddp_tutorial.env import rank_device
+from ddp_tutorial.models import make_model
+from ddp_tutorial.timing import take_turns
+
+__all__ = ["allreduce_times", "bucket_sweep", "fit_overhead_model"]
+
+
+def allreduce_times(rank: int, world_size: int, numels: list[int], repeat: int = 15) -> list[float]:
+    """Best seconds of one blocking all-reduce of a float32 tensor of each size."""
+    device = rank_device()
+    out = []
+    for n in numels:
+        t = torch.ones(n, device=device)
+        best = float("inf")
+        for i in range(repeat + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(t)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i:
+                best = min(best, time.perf_counter() - start)
+        out.append(best)
+    return out
+
+
+def bucket_sweep(rank: int, world_size: int, caps_mb: list[float], steps: int = 3, repeat: int = 5,
+                 batch_size: int = 32, seed: int = 0, comm_repeat: int = 10) -> list[dict[str, float]]:
+    """For each bucket cap: the number of buckets, BucketedDDP's best step time, and the time of its
+    buckets' all-reduces done one after another with nothing to overlap (communication alone)."""
+    device = rank_device()
+    base, (n_in, n_out) = make_model("big", seed)
+    x, y = rank_batch(rank, n_in, n_out, batch_size, seed, device)
+    models = {cap: BucketedDDP(copy.deepcopy(base).to(device), bucket_cap_mb=cap) for cap in caps_mb}
+    steps_seen = take_turns({cap: stepper(m, x, y) for cap, m in models.items()}, steps, repeat, device)
+    rows = []
+    for cap, ddp in models.items():
+        comm = float("inf")
+        for i in range(comm_repeat + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            for flat in ddp.flat_buckets:
+                dist.all_reduce(flat)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i:
+                comm = min(comm, time.perf_counter() - start)
+        rows.append({"bucket_cap_mb": cap, "buckets": len(ddp.buckets),
+                     "bytes": sum(f.numel() * f.element_size() for f in ddp.flat_buckets),
+                     "step": steps_seen[cap]["best"], "comm": comm})
+    del models
+    gc.collect()
+    return rows
+
+
+def fit_overhead_model(calls: list[float], nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
+    """Least-squares fit of ``seconds = calls * latency + bytes / bandwidth``; returns (latency s, bandwidth B/s).
+
+    The fit minimises *relative* errors (each row divided by its measured time), so
+    one slow, noisy point cannot outweigh the small ones. Neither constant may be
+    negative: when noise pushes one below zero it is fixed at zero (bandwidth
+    infinite) and the other one is fitted alone.
+    """
+    weight = 1.0 / torch.tensor(seconds, dtype=torch.float64).unsqueeze(1)
+    a = torch.tensor([calls, nbytes], dtype=torch.float64).T * weight
+    b = torch.tensor(seconds, dtype=torch.float64).unsqueeze(1) * weight
+    latency, inv_bw = torch.linalg.lstsq(a, b).solution.squeeze(1).tolist()
+    if latency < 0:
+        latency, inv_bw = 0.0, torch.linalg.lstsq(a[:, 1:], b).solution.item()
+    elif inv_bw <= 0:
+        latency, inv_bw = torch.linalg.lstsq(a[:, :1], b).solution.item(), 0.0
+    return latency, (1.0 / inv_bw if inv_bw > 0 else float("inf"))

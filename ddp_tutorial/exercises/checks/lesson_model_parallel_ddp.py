@@ -1,0 +1,88 @@
+"""Lesson 09's exercise: split ToyModel across two devices, checked against the unsplit model.
+
+The checker builds a ``ToyModel`` (seeded per case), keeps an unsplit copy, runs the
+learner's ``split_forward`` on the CPU stand-ins ``("cpu", "cpu")`` (what a rank of lesson
+09 uses without GPUs), and compares the output and, after the same loss's ``backward()``,
+every parameter's gradient with the unsplit model's. Where the layers and the output
+ended up is checked too, so the same check is meaningful on two GPUs.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ddp_tutorial.exercises.exercise import Exercise
+from ddp_tutorial.exercises.harness import Case, Report, describe_tensor, load_function, run_cases
+from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
+from ddp_tutorial.models import ToyModel
+from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
+
+DEVICES = ("cpu", "cpu")
+BATCHES = [4, 1, 7]
+
+
+def compare(model: ToyModel, reference: ToyModel, out: object, x: torch.Tensor, y: torch.Tensor,
+            function: str) -> str | None:
+    """What differs between the split model and the unsplit one (None: nothing)."""
+    want = reference(x)
+    if not isinstance(out, torch.Tensor):
+        return f"{function} returned {type(out).__name__}: return the output tensor of net2"
+    if out.shape != want.shape or not torch.allclose(out.detach().cpu(), want.detach(), rtol=1e-12, atol=1e-12):
+        relu_skipped = reference.net2(reference.net1(x))
+        if out.shape == want.shape and torch.allclose(out.detach().cpu(), relu_skipped.detach(), rtol=1e-12, atol=1e-12):
+            return "the output is net2(net1(x)): the relu between the two halves is missing"
+        return (f"the output {describe_tensor(out)} (shape {tuple(out.shape)}) is not the unsplit model's "
+                f"{describe_tensor(want)} (shape {tuple(want.shape)}): compute net2(relu(net1(x)))")
+    for i, (layer, dev) in enumerate(((model.net1, DEVICES[0]), (model.net2, DEVICES[1]))):
+        name = f"net{i + 1}"
+        if any(p.device != torch.device(dev) for p in layer.parameters()):
+            return f"model.{name} is not on devices[{i}] = {dev!r}: move it in place with model.{name}.to(...)"
+    if out.device != torch.device(DEVICES[1]):
+        return f"the output is on {out.device}, not on devices[1]: net2 runs on the second device"
+    if not out.requires_grad:
+        return ("the output carries no autograd graph (requires_grad is False): no torch.no_grad() and "
+                "no .detach() in the forward pass; backward() must reach both halves")
+    ((out - y) ** 2).sum().backward()
+    ((want - y) ** 2).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        if p.grad is None:
+            return (f"{name} got no gradient: the graph is cut between the halves (.detach() or .data on "
+                    "the hidden activation?); hidden.to(devices[1]) is differentiable and keeps it")
+        if not torch.allclose(p.grad.cpu(), q.grad, rtol=1e-12, atol=1e-12):
+            return f"{name}'s gradient differs from the unsplit model's: {describe_tensor(p.grad)} vs {describe_tensor(q.grad)}"
+    return None
+
+
+def split_forward_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
+    """Batches of 4, 1 and 7 rows; each rank with its own weights, as its own model-parallel replica."""
+    with traced(rank, trace_dir, forbid=COLLECTIVES,
+                reason="split_forward runs inside one process: no communication between ranks") as trace:
+        fn = load_function(source, function)
+
+        def case(batch: int) -> str | None:
+            torch.manual_seed(1000 * rank + batch)
+            reference = ToyModel().double()
+            model = copy.deepcopy(reference)
+            x, y = toy_batch(rank, batch, seed=batch)
+            out = fn(model, x.clone(), DEVICES)
+            return compare(model, reference, out, x, y, function)
+
+        cases: list[Case] = [(f"a batch of {b} on devices {DEVICES}", lambda b=b: case(b)) for b in BATCHES]
+        return run_cases(trace, cases)
+
+
+EXERCISES = [
+    Exercise(
+        name="split_forward", number="9.1", lesson=9, notebook="09_model_parallel_ddp.ipynb",
+        title="split ToyModel across two devices", level="warm-up",
+        task=("Cut a ToyModel in two: net1 on devices[0], net2 on devices[1], and run its forward pass "
+              "across the boundary, so that backward() trains both halves exactly like the unsplit model."),
+        hint=("model.net1.to(devices[0]) moves the layer in place; x.to(devices[0]) before net1, "
+              "hidden.to(devices[1]) before net2; .to() is differentiable. ToyMpModel does the same."),
+        checks=("batches of 4, 1 and 7 rows on the CPU stand-ins ('cpu', 'cpu'); the output and every "
+                "parameter's gradient compared with the unsplit ToyModel's (float64, 1e-12); layers and "
+                "output on their devices"),
+        worker=split_forward_worker),
+]

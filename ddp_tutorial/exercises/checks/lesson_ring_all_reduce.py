@@ -1,0 +1,135 @@
+"""Lesson 05's exercise: the ring all-reduce (reduce-scatter, then all-gather).
+
+Rank r's input holds ``10**r + 1000 i`` at flat index i, so the last digits of a (partial)
+sum count the ranks' contributions and the thousands tell from which elements they came:
+element 3 holding 6101 = 101 + 1000 * (3 + 3) has ranks 0 and 2 added in once, rank 1
+never, all from element 3. That is how a wrong chunk is explained.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ddp_tutorial.comm.ring import segment_bounds
+from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.checks.lesson_point_to_point import POINT_TO_POINT_ONLY, neighbours_only
+from ddp_tutorial.exercises.exercise import Exercise
+from ddp_tutorial.exercises.harness import Case, Report, load_function, returned_in_place, run_cases, same_values
+from ddp_tutorial.exercises.tracing import COLLECTIVES, Trace, original, traced
+
+# the typical first, so that a mistake shows on a case that is easy to draw; then the edges
+SHAPES = [((6,), torch.float64), ((7,), torch.int64), ((2, 3), torch.float32), ((1,), torch.float64),
+          ((2,), torch.float64), ((0,), torch.float64), ((1000,), torch.float64)]
+
+
+def ring_input(rank: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    numel = math.prod(shape)
+    return (torch.arange(numel) * 1000 + 10 ** rank).reshape(shape).to(dtype=dtype, device=rank_device())
+
+
+def decode(value: float, index: int, world_size: int) -> list[int] | None:
+    """How many times each rank's input went into element ``index`` (None: not a sum of inputs at ``index``)."""
+    if value != int(value) or value < 0:
+        return None
+    low, high = int(value) % 1000, int(value) // 1000
+    counts = [low // 10 ** r % 10 for r in range(world_size)]
+    if low >= 10 ** world_size or high != sum(counts) * index:
+        return None
+    return counts
+
+
+def contributions(counts: list[int] | None) -> str:
+    """What ``decode`` found, in words: "rank 0, rank 2 only (rank 1 missing)"."""
+    if counts is None:
+        return "a value that is no sum of the inputs at this element (data from other elements)"
+    added = [f"rank {r}" if c == 1 else f"rank {r} {c} times" for r, c in enumerate(counts) if c]
+    missing = [str(r) for r, c in enumerate(counts) if c == 0]
+    if not added:
+        return "nothing from any rank"
+    gap = f" (rank{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing)" if missing else ""
+    return f"{', '.join(added)}{' only' if missing else ''}{gap}"
+
+
+def wrong_chunk(rank: int, world_size: int, x: torch.Tensor, expected: torch.Tensor) -> str:
+    """Name the first wrong chunk, what its first wrong element holds, and the likely mistake."""
+    got, want = x.reshape(-1).double().cpu(), expected.reshape(-1).double().cpu()
+    bounds = segment_bounds(got.numel(), world_size)
+    right = [c for c, (a, b) in enumerate(bounds) if b > a and torch.equal(got[a:b], want[a:b])]
+    c = next(c for c, (a, b) in enumerate(bounds) if b > a and c not in right)
+    a, b = bounds[c]
+    i = a + int((got[a:b] != want[a:b]).nonzero()[0])
+    span = f"element {a}" if b - a == 1 else f"elements {a}..{b - 1}"
+    counts = decode(got[i].item(), i, world_size)
+    held = contributions(counts)
+    text = (f"chunk {c} of {world_size} ({span} of {got.numel()}) is wrong: element {i} is {got[i].item():g}, "
+            f"expected {want[i].item():g}, the sum over all {world_size} ranks; it holds {held}.")
+    finished = (rank + 1) % world_size
+    if counts is not None and max(counts) > 1:
+        return text + (" A contribution was added twice: is a chunk index off by one? In reduce-scatter step "
+                       "t send chunk (rank - t) % n and add what arrives into chunk (rank - t - 1) % n.")
+    if right == [finished]:
+        return text + (f" Only chunk {finished}, the one this rank finishes in the reduce-scatter, is "
+                       "complete: the all-gather phase, which passes every finished chunk once around the "
+                       "ring, is missing or stops early.")
+    if counts is not None and counts[rank] == 0:
+        return text + (f" Rank {rank}'s own input is not in it: the chunk was overwritten by one received "
+                       "before that one was complete. Only finished chunks may travel in the all-gather: "
+                       f"after the reduce-scatter chunk (rank + 1) % n = {finished} is the finished one.")
+    if counts is None:
+        return text + (" A chunk was received or added at another chunk's place: do sender and receiver of "
+                       "each step agree on the chunk index (one off by one?)")
+    return text + " A step is missing, or a step sends or fills the wrong chunk."
+
+
+def traffic(trace: Trace, world_size: int, numel: int) -> str | None:
+    """A ring sends 2 (n - 1) chunks per rank; sending whole tensors is another algorithm."""
+    sent = sum(call.numel for call in trace.calls if call.kind in ("send", "isend"))
+    limit = 2 * (world_size - 1) * math.ceil(numel / world_size)
+    if sent > limit:
+        return (f"the result is right, but it sent {sent} elements for a tensor of {numel} on {world_size} "
+                f"ranks; a ring sends one chunk (about numel / n elements) per step, 2 (n - 1) chunks, at "
+                f"most {limit} here: send chunks, not the whole tensor")
+    return None
+
+
+def ring_all_reduce_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
+    """Every shape and dtype in ``SHAPES``, compared element by element with ``dist.all_reduce``."""
+    with traced(rank, trace_dir, forbid=COLLECTIVES, reason=POINT_TO_POINT_ONLY) as trace:
+        fn = load_function(source, function, refuse=("ddp_tutorial.comm.ring",))
+
+        def case(shape: tuple[int, ...], dtype: torch.dtype) -> str | None:
+            x = ring_input(rank, shape, dtype)
+            expected = x.clone()
+            original("all_reduce")(expected)
+            result = fn(x)
+            if not torch.equal(x, expected):
+                if result is not x and same_values(result, expected):  # right values, not in place
+                    return returned_in_place(function, result, x, expected)
+                return wrong_chunk(rank, world_size, x, expected)
+            return (returned_in_place(function, result, x, expected) or neighbours_only(trace, rank, world_size)
+                    or traffic(trace, world_size, x.numel()))
+
+        cases: list[Case] = [(f"numel {math.prod(shape)}, shape {tuple(shape)}, {str(dtype).replace('torch.', '')}",
+                              lambda s=shape, d=dtype: case(s, d)) for shape, dtype in SHAPES]
+        return run_cases(trace, cases)
+
+
+EXERCISES = [
+    Exercise(
+        name="ring_all_reduce", number="5.1", lesson=5, notebook="05_ring_all_reduce.ipynb",
+        title="the ring all-reduce: reduce-scatter, then all-gather", level="hard",
+        task=("Sum a tensor over all ranks in place with the ring algorithm: n - 1 reduce-scatter steps, "
+              "then n - 1 all-gather steps, each rank talking only to its two neighbours; any numel."),
+        hint=("chunks = tensor.view(-1).tensor_split(n) gives n views of nearly equal size (some empty when "
+              "numel < n). Receive a reduce-scatter chunk into a scratch buffer, then add it in; in the "
+              "all-gather receive straight into the chunk. Draw n = 3 on paper: which chunk does rank 0 "
+              "send in step 0, 1? Which does it complete?"),
+        checks=("numel 6, 7 (uneven chunks), 2-D (2, 3), then 1, 2, 0 (fewer elements than ranks) and 1000; "
+                "float64, float32, int64; every element compared with dist.all_reduce, and each input's "
+                "digits say which ranks a wrong element holds; reduced in place and returned; messages "
+                "only to the right neighbour and from the left; at most 2 (n - 1) chunks sent; "
+                "collectives refused"),
+        worker=ring_all_reduce_worker),
+]

@@ -1,0 +1,15 @@
+"""Part 3, training (lesson 10): a complete DDP training program and what it needs to be trusted.
+
+The modules, in lesson order:
+- ``train`` (10): end-to-end DDP training, alone, under torchrun or from a notebook;
+  ``torchrun --nproc-per-node=2 -m ddp_tutorial.training.train --epochs 5``,
+  ``python -m ddp_tutorial.training.train --epochs 5`` (one process)
+- ``data``: the offline datasets (digits, CIFAR-10 from a folder, fake) and each rank's loaders
+- ``evaluation``: every rank scores its own shard, one all-reduce adds them up
+- ``checkpoint``: written by rank 0 atomically, read with ``weights_only``, resumed by every rank
+- ``reproducibility``: one seed for every rank, deterministic kernels where they matter
+- ``warmup``: a linear learning-rate warm-up for the larger global batch
+- ``preemption``: stop after the step on a signal the ranks agree on (used by lessons 08 and 15)
+
+``cluster`` runs this part on several nodes and under Slurm; this part never imports ``cluster``.
+"""

@@ -1,0 +1,300 @@
+"""End-to-end DDP training: one program that runs alone, under torchrun, or from a notebook.
+
+Used by ``10_train_end_to_end`` (through ``launch.spawn``), ``08_torchrun`` (fault
+tolerance) and ``python -m ddp_tutorial.bench train``. From a shell:
+
+    python -m ddp_tutorial.training.train                              # one process, digits
+    torchrun --nproc-per-node=2 -m ddp_tutorial.training.train         # two processes
+    torchrun --nproc-per-node=2 --max-restarts=1 -m ddp_tutorial.training.train \\
+        --checkpoint ckpt/digits.pt --resume --fail-at-step 30   # crash once, restart, resume
+    torchrun --nproc-per-node=2 -m ddp_tutorial.training.train --dataset cifar10 --data-dir data [--download]
+    srun python -m ddp_tutorial.cluster.jobs ddp_tutorial.training.train --checkpoint ckpt.pt --resume \\
+        --stop-on-signal USR1                                  # in a Slurm job: stop, requeue, resume (15_cluster)
+
+Every rank builds the same model from the same seed, trains on its own share of
+the data (``DistributedSampler``), and DDP averages the gradients; metrics are
+all-reduced so every test sample counts once. Rank 0 alone logs, shows a
+progress bar (on a terminal) and writes the checkpoint after every epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+from ddp_tutorial.env import NotLaunchedError, distributed, local_rank, rank_info
+from ddp_tutorial.launch import watched_live
+from ddp_tutorial.models import TRAIN_MODELS, build_model
+from ddp_tutorial.training.checkpoint import (
+    CheckpointError,
+    agree_to_resume,
+    capture_rng,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
+from ddp_tutorial.training.data import DATASETS, DataError, load_dataset, make_loaders
+from ddp_tutorial.training.evaluation import evaluate
+from ddp_tutorial.training.preemption import PREEMPTED_EXIT_CODE, StopRequest, exit_on_sigterm
+from ddp_tutorial.training.reproducibility import deterministic_for, seed_everything
+
+__all__ = ["TrainConfig", "ConfigError", "train", "fit", "progress", "maybe_fail",
+           "default_model", "main"]
+
+DEFAULT_MODEL = {"digits": "cnn", "fake": "cnn", "cifar10": "resnet18"}
+FAILURE_EXIT_CODE = 13
+
+
+class ConfigError(ValueError):
+    """A bad option (unknown model, no epochs): a one-line message."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``python -m ddp_tutorial.training.train`` accepts; the defaults reach >= 0.95 on digits."""
+
+    dataset: str = "digits"
+    data_dir: str | None = None
+    download: bool = False
+    model: str | None = None  # None: the dataset's usual model (DEFAULT_MODEL)
+    num_epochs: int = 8
+    batch_size: int = 32  # per process: the global batch is batch_size * world_size
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+    checkpoint: str | None = None
+    resume: bool = False
+    fail_at_step: int | None = None
+    num_samples: int = 2048  # fake data only
+    image_size: int = 32  # fake data only
+    workers: int = 0  # DataLoader worker processes per rank
+    deterministic: bool | None = None  # None: on a GPU, so runs repeat bitwise (lessons 08, 10); see deterministic_for
+    stop_on_signal: str | None = None  # "USR1": stop after the epoch it arrives in (15_cluster, preemption)
+    log: bool = True
+
+
+def default_model(dataset: str) -> str:
+    return DEFAULT_MODEL.get(dataset, "cnn")
+
+
+@dataclass
+class Setup:
+    """What a rank trains with: the bare model, its DDP wrapper, the optimizer and the loaders."""
+
+    model: nn.Module
+    ddp: DDP
+    optimizer: torch.optim.Optimizer
+    train_loader: DataLoader
+    test_loader: DataLoader
+    model_name: str
+    history: list = field(default_factory=list)
+    world_sizes: list = field(default_factory=list)  # each epoch's world size (an elastic run changes it)
+    start_epoch: int = 0
+    step: int = 0
+
+
+def build(config: TrainConfig, rank: int, world_size: int, device: torch.device) -> Setup:
+    """Data, model (restored from the checkpoint with ``--resume``), DDP and optimizer for one rank."""
+    if config.num_epochs < 1:
+        raise ConfigError(f"--epochs must be at least 1, got {config.num_epochs}")
+    model_name = config.model or default_model(config.dataset)
+    if model_name not in TRAIN_MODELS:
+        raise ConfigError(f"unknown model {model_name!r}; choose one of {', '.join(TRAIN_MODELS)}")
+    seed_everything(config.seed, deterministic_for(config.deterministic, device.type), cuda=device.type == "cuda")
+    spec = load_dataset(config.dataset, data_dir=config.data_dir, download=config.download, seed=config.seed,
+                        num_samples=config.num_samples, image_size=config.image_size)
+    train_loader, test_loader = make_loaders(spec, config.batch_size, rank, world_size, seed=config.seed,
+                                             workers=config.workers, pin_memory=device.type == "cuda")
+    model = build_model(model_name, spec.in_channels, spec.num_classes).to(device)
+    state = None
+    if config.resume and agree_to_resume(config.checkpoint):  # rank 0's answer, on every rank
+        state = load_checkpoint(config.checkpoint, map_location=device,
+                                expect={"model_name": model_name, "dataset": config.dataset})
+        try:
+            model.load_state_dict(state["model"])
+        except (RuntimeError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint {config.checkpoint} does not fit model {model_name!r}: "
+                                  f"{str(exc).splitlines()[0]}") from None
+    # DDP broadcasts rank 0's weights at construction, so all ranks start equal.
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=config.lr, momentum=config.momentum)
+    setup = Setup(model, ddp, optimizer, train_loader, test_loader, model_name)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        restore_rng(state["rng"])
+        setup.start_epoch, setup.step, setup.history = state["epoch"], state["step"], list(state["history"])
+        setup.world_sizes = list(state.get("world_sizes", [state.get("world_size")] * state["epoch"]))
+    return setup
+
+
+def maybe_fail(config: TrainConfig, step: int, rank: int, world_size: int, attempt: int) -> None:
+    """Fault injection: the last rank dies hard at ``--fail-at-step``, on the first attempt only."""
+    if config.fail_at_step == step and attempt == 0 and rank == world_size - 1:
+        print(f"rank {rank}: injected failure at step {step} (attempt {attempt})", file=sys.stderr, flush=True)
+        os._exit(FAILURE_EXIT_CODE)  # like a killed process: no clean-up, no exception to catch
+
+
+def progress(loader: DataLoader, rank: int, desc: str) -> Iterable:
+    if rank != 0:
+        return loader
+    from tqdm.auto import tqdm
+
+    # None: only on a terminal; False: spawn shows this rank live (Jupyter, a terminal),
+    # and leaves the bar (leave=False clears it) out of the cell's final output.
+    return tqdm(loader, desc=desc, leave=False, disable=False if watched_live() else None)
+
+
+def train(rank: int, world_size: int, config: TrainConfig) -> dict:
+    """Train and evaluate on this rank; return the history (same on every rank) and final weights.
+
+    A ``launch.spawn`` target, and the body of ``main()`` under torchrun or alone.
+    """
+    previous = exit_on_sigterm()
+    try:
+        with distributed() as (info, device):
+            if (info.rank, info.world_size) != (rank, world_size):
+                raise RuntimeError(f"environment says rank {info.rank} of {info.world_size}, "
+                                   f"caller says {rank} of {world_size}")
+            with StopRequest(config.stop_on_signal) as stop:
+                return fit(config, rank, world_size, device, info.restart_count, stop)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int,
+        stop: StopRequest | None = None) -> dict:
+    if config.stop_on_signal and not config.checkpoint:
+        raise ConfigError("--stop-on-signal needs --checkpoint: a run that stops early must leave one to resume from")
+    stop = stop or StopRequest(None)
+    setup = build(config, rank, world_size, device)
+    log = print if (rank == 0 and config.log) else (lambda *a, **k: None)
+    if setup.start_epoch:
+        log(f"resumed from {os.path.basename(config.checkpoint)} after epoch {setup.start_epoch} "
+            f"(step {setup.step}), attempt {attempt}")
+    elif config.resume:
+        log(f"no checkpoint yet: starting from scratch (attempt {attempt})")
+    written, step, train_seconds, samples, preempted = 0, setup.step, 0.0, 0, False
+    for epoch in range(setup.start_epoch, config.num_epochs):
+        setup.train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, same on all ranks
+        setup.ddp.train()
+        running = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples
+        start = time.perf_counter()
+        for x, y in progress(setup.train_loader, rank, f"epoch {epoch + 1}"):
+            step += 1
+            maybe_fail(config, step, rank, world_size, attempt)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            setup.optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(setup.ddp(x), y)
+            loss.backward()  # DDP all-reduces the gradients here
+            setup.optimizer.step()
+            running[0] += loss.detach().double() * len(y)
+            running[1] += len(y)
+        train_seconds += time.perf_counter() - start
+        dist.all_reduce(running)
+        samples += int(running[1].item())
+        record = {"epoch": epoch + 1, "step": step, "train_loss": running[0].item() / running[1].item()}
+        record.update(evaluate(setup.model, setup.test_loader, device))
+        setup.history.append(record)
+        setup.world_sizes.append(world_size)
+        if config.checkpoint and rank == 0:
+            save_checkpoint({"model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
+                             "epoch": epoch + 1, "step": step, "rng": capture_rng(),
+                             "history": setup.history, "model_name": setup.model_name,
+                             "dataset": config.dataset, "world_size": world_size,
+                             "world_sizes": setup.world_sizes}, config.checkpoint)
+            written += 1
+        # Logged after the save: an epoch in the log is an epoch in the checkpoint.
+        log(f"epoch {epoch + 1}/{config.num_epochs}  step {step}  train_loss {record['train_loss']:.4f}  "
+            f"test_loss {record['test_loss']:.4f}  test_acc {record['test_acc']:.4f}")
+        if epoch + 1 < config.num_epochs and stop.agreed(device):  # every rank stops here, or none
+            log(f"stopping after epoch {epoch + 1} on SIG{config.stop_on_signal.upper().removeprefix('SIG')}: "
+                f"checkpoint saved; resume with --resume")
+            preempted = True
+            break
+    return {"rank": rank, "world_size": world_size, "model_name": setup.model_name, "attempt": attempt,
+            "history": setup.history, "final": setup.history[-1], "steps": step,
+            "checkpoints_written": written, "train_seconds": train_seconds, "samples_trained": samples,
+            "world_sizes": setup.world_sizes, "preempted": preempted,
+            "weights": {k: v.detach().cpu() for k, v in setup.model.state_dict().items()}}
+
+
+def _speaks_for_node() -> bool:
+    """Local rank 0 reports for its node; with a broken launcher environment, every rank does."""
+    try:
+        return local_rank() == 0
+    except NotLaunchedError:
+        return True
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, printed once per node, instead of usage + error
+        if _speaks_for_node():
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        self.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = _Parser(prog="python -m ddp_tutorial.training.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", choices=DATASETS, default=d.dataset)
+    p.add_argument("--data-dir", default=d.data_dir, help="folder of the cifar10 data")
+    p.add_argument("--download", action="store_true",
+                   help="cifar10: download into --data-dir (local rank 0 first)")
+    p.add_argument("--model", choices=TRAIN_MODELS, default=None,
+                   help="default: cnn for digits and fake, resnet18 for cifar10")
+    p.add_argument("--epochs", dest="num_epochs", type=int, default=d.num_epochs, metavar="N")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="per process")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--momentum", type=float, default=d.momentum)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--checkpoint", metavar="PATH", help="written by rank 0 after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
+    p.add_argument("--fail-at-step", type=int, metavar="N", help="the last rank crashes at step N (first attempt)")
+    p.add_argument("--num-samples", type=int, default=d.num_samples, help="fake: training images")
+    p.add_argument("--image-size", type=int, default=d.image_size, help="fake: image side")
+    p.add_argument("--workers", type=int, default=d.workers, help="DataLoader workers per process")
+    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=d.deterministic,
+                   help="deterministic cuDNN/cuBLAS kernels (default: on a GPU)")
+    p.add_argument("--stop-on-signal", metavar="SIG", help="e.g. USR1 (Slurm's --signal): finish the epoch, "
+                   f"checkpoint, exit {PREEMPTED_EXIT_CODE} so the job script requeues")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = TrainConfig(**vars(build_parser().parse_args(argv)))
+    try:
+        info = rank_info(module="ddp_tutorial.training.train")
+        start = time.perf_counter()
+        result = train(info.rank, info.world_size, config)
+    except (ConfigError, DataError, CheckpointError, NotLaunchedError) as exc:
+        if _speaks_for_node():  # every rank fails alike: say it once per node
+            print(f"ddp_tutorial.training.train: error: {exc}", file=sys.stderr)
+        else:
+            time.sleep(1.0)  # torchrun stops the job at the first exit: let local rank 0 say why first
+        return 2
+    if result["preempted"]:
+        return PREEMPTED_EXIT_CODE  # on every rank: the job script requeues on this code
+    if info.is_main:
+        final = result["final"]
+        rate = result["samples_trained"] / max(result["train_seconds"], 1e-9)
+        print(f"final test accuracy {final['test_acc']:.4f} on {final['test_samples']} test samples "
+              f"after {final['epoch']} epochs, {info.world_size} process(es), "
+              f"{time.perf_counter() - start:.1f} s ({rate:.0f} training samples/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Typical wrong answers to exercises 6.1, 8.1, 9.1 and 10.1, and the words their diagnosis must contain.
+
+Each entry, as in ``exercise_mistakes.py``: ``(exercise, source, words, timeout in seconds)``.
+"""
+
+from __future__ import annotations
+
+from exercise_mistakes import broken
+
+MISTAKES = {
+    "shard without padding": (
+        "shard", broken("shard", "    while len(indices) < total:\n", "    while False:\n"),
+        ["rank 1", "no padding", "same number of indices"], 20),
+    "shard seeded without the epoch": (
+        "shard", broken("shard", "g.manual_seed(seed + epoch)", "g.manual_seed(seed)"),
+        ["epoch=1", "indices of epoch 0", "seed + epoch"], 20),
+    "shard seeded with the rank": (
+        "shard", broken("shard", "g.manual_seed(seed + epoch)", "g.manual_seed(seed + epoch + rank)"),
+        ["rank 1", "is the rank in the seed", "shuffle identically"], 20),
+    "shard not shuffled": (
+        "shard", broken("shard", "torch.randperm(num_samples, generator=g).tolist()", "list(range(num_samples))"),
+        ["rank 0", "Not shuffled"], 20),
+    "split_forward detaches the hidden activation": (
+        "split_forward", broken("split_forward", "hidden.to(dev1)", "hidden.detach().to(dev1)"),
+        ["rank 0", "net1.weight got no gradient", "graph is cut"], 20),
+    "split_forward forgets the relu": (
+        "split_forward", broken("split_forward", "model.relu(model.net1(x.to(dev0)))", "model.net1(x.to(dev0))"),
+        ["rank 0", "relu", "missing"], 20),
+    "split_forward under no_grad": (
+        "split_forward", broken("split_forward", "    hidden = model.relu", "    with torch.no_grad():\n"
+                                "        hidden = model.relu(model.net1(x.to(dev0)))\n"
+                                "        return model.net2(hidden.to(dev1))\n    hidden = model.relu"),
+        ["rank 0", "no autograd graph"], 20),
+    "evaluate_shards does not all-reduce": (
+        "evaluate_shards", broken("evaluate_shards", "    dist.all_reduce(totals)\n", ""),
+        ["rank 0", "this rank's own sums", "all_reduce them (SUM)"], 20),
+    "evaluate_shards averages the sums": (
+        "evaluate_shards", broken("evaluate_shards", "dist.all_reduce(totals)",
+                                  "dist.all_reduce(totals)\n    totals /= dist.get_world_size()"),
+        ["rank 0", "averaged over the ranks", "instead of summed"], 20),
+    "evaluate_shards sums per-batch mean losses": (
+        "evaluate_shards", broken("evaluate_shards", 'F.cross_entropy(logits, y, reduction="sum")',
+                                  "F.cross_entropy(logits, y)"),
+        ["rank 0", "Only the loss sum is wrong", "reduction"], 20),
+}
+
+MISTAKES.update({
+    "save_and_load: every rank writes": (
+        "save_and_load", broken("save_and_load", "    if rank == 0:\n        tmp = path", "    if True:\n        tmp = path"),
+        ["rank 1", "wrote a checkpoint too", "only rank 0"], 20),
+    "save_and_load: no barrier": (
+        "save_and_load", broken("save_and_load", "    dist.barrier()\n", ""),
+        ["rank 1", "before rank 0 had written", "missing barrier"], 20),
+    "save_and_load: writes straight to path": (
+        "save_and_load", broken("save_and_load", "        torch.save(state, tmp)\n        os.replace(tmp, path)\n",
+                                "        torch.save(state, path)\n"),
+        ["rank 0", "not atomic", "os.replace"], 20),
+    "save_and_load: no map_location": (
+        "save_and_load", broken("save_and_load", "map_location=device, ", ""),
+        ["rank 0", "without map_location"], 20),
+})

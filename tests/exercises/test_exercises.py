@@ -1,0 +1,184 @@
+"""ddp_tutorial.exercises: every solution passes, every stub fails fast, typical mistakes are diagnosed.
+
+Each check starts 1, 2 and 3 ranks on tiny tensors; a deadlock case waits 8 s. Learner
+copies go to a temporary folder (``DDP_TUTORIAL_EXERCISES_DIR``), never into the checkout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddp_tutorial.exercises import EXERCISES, learner_file, reset, run_check, show, workspace
+from ddp_tutorial.exercises.__main__ import main
+from ddp_tutorial.exercises.harness import load_function
+from ddp_tutorial.exercises.stubgen import stale_stubs
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = list(EXERCISES)
+# Typical wrong answers, one module per group of lessons: name -> (exercise, source, words, timeout)
+MISTAKES = {name: mistake for path in sorted(Path(__file__).parent.glob("exercise_mistakes*.py"))
+            for name, mistake in importlib.import_module(path.stem).MISTAKES.items()}
+
+
+@pytest.fixture
+def learner_dir(tmp_path, monkeypatch) -> Path:
+    """A learner folder of this test's own; not the checkout's my_exercises/."""
+    folder = tmp_path / "mine"
+    monkeypatch.setenv(workspace.FOLDER_ENV, str(folder))
+    monkeypatch.delenv(workspace.FRESH_ENV, raising=False)
+    return folder
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_solution_passes(name):
+    result = run_check(name, solution=True)
+    assert result.passed, result.message
+    assert f"exercise {EXERCISES[name].number} ({name})" in result.message
+    assert "right on world sizes 1, 2, 3" in result.message
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_untouched_stub_fails_fast_with_the_not_implemented_message(name, learner_dir):
+    start = time.monotonic()
+    result = run_check(name)
+    assert time.monotonic() - start < 2  # no rank is started for a stub
+    assert not result.passed
+    assert result.message == EXERCISES[name].not_implemented(workspace.shown(learner_dir / f"{name}.py"))
+    assert result.message.startswith(f"exercise {EXERCISES[name].number} ({name}): not implemented yet: open ")
+    # called, the stub raises the message it was generated with (the default learner folder's)
+    stub = load_function(str(workspace.stub_file(name)), name)
+    with pytest.raises(NotImplementedError) as raised:
+        stub(*[None] * stub.__code__.co_argcount)
+    assert str(raised.value) == EXERCISES[name].not_implemented()
+    assert f"my_exercises/{name}.py" in str(raised.value) and EXERCISES[name].notebook in str(raised.value)
+
+
+def test_a_stub_with_code_above_its_raise_is_still_not_implemented(learner_dir):
+    path = Path(learner_file("scatter_p2p"))
+    code = "    rank = dist.get_rank()\n    # Your code here"
+    path.write_text(path.read_text().replace("    # Your code here", code))
+    result = run_check("scatter_p2p")
+    assert not result.passed
+    assert "not implemented yet" in result.message and "still raises NotImplementedError" in result.message
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_a_typical_mistake_is_diagnosed(mistake, tmp_path):
+    name, source, words, timeout = MISTAKES[mistake]
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    result = run_check(name, file=path, timeout=timeout)
+    assert not result.passed, f"{mistake}: passed"
+    for word in words:
+        assert word in result.message, f"{mistake}: {word!r} not in: {result.message}"
+
+
+def test_every_hard_exercise_has_two_mistakes_or_more():
+    hard = [name for name, e in EXERCISES.items() if e.level == "hard"]
+    assert hard
+    for name in hard:
+        assert sum(m[0] == name for m in MISTAKES.values()) >= 2, name
+
+
+def test_every_medium_exercise_from_lesson_06_on_has_two_mistakes_or_more():
+    for name, e in EXERCISES.items():
+        if e.level == "medium" and e.lesson >= 6:
+            assert sum(m[0] == name for m in MISTAKES.values()) >= 2, name
+
+
+def test_every_lesson_from_02_on_has_an_exercise_and_15_in_all():
+    assert {e.lesson for e in EXERCISES.values()} == set(range(2, 15))
+    assert len(EXERCISES) >= 15
+    for e in EXERCISES.values():  # numbered by lesson: 2.1, 2.2, ..., 14.1
+        assert e.number.split(".")[0] == str(e.lesson), e.name
+    assert (EXERCISES["group_sums"].number, EXERCISES["group_sums"].world_sizes) == ("2.2", (1, 2, 3, 4))
+
+
+def test_an_edit_counts_without_a_restart(learner_dir):
+    path = Path(learner_file("all_gather_p2p"))
+    assert not run_check("all_gather_p2p").passed
+    path.write_text(workspace.solution_file("all_gather_p2p").read_text())
+    assert run_check("all_gather_p2p").passed
+
+
+def test_the_committed_stubs_are_what_the_generator_makes():
+    assert stale_stubs() == [], "run: python -m ddp_tutorial.exercises.stubgen"
+
+
+def test_every_exercise_names_a_lesson_that_exists():
+    for name, e in EXERCISES.items():
+        assert (ROOT / "notebooks" / e.notebook).is_file(), name
+        assert workspace.solution_file(name).is_file() and workspace.stub_file(name).is_file(), name
+        assert e.signature().startswith(f"{name}(")
+
+
+def test_the_learner_folder_is_in_the_checkout_and_ignored_by_git(monkeypatch):
+    monkeypatch.delenv(workspace.FOLDER_ENV, raising=False)
+    assert workspace.folder() == ROOT / "my_exercises"
+    assert workspace.shown(workspace.learner_path("ring_all_reduce")) == "my_exercises/ring_all_reduce.py"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "my_exercises/ring_all_reduce.py"], cwd=ROOT)
+    assert ignored.returncode == 0, "my_exercises/ is not in .gitignore"
+
+
+def test_seeding_keeps_work_and_reset_restores_the_stub(learner_dir, capsys):
+    mine = Path(learner_file("ring_shift"))
+    assert sorted(p.name for p in learner_dir.glob("*.py")) == sorted(f"{n}.py" for n in NAMES)
+    mine.write_text("# my work\n")
+    learner_file("ring_all_reduce")  # seeding again must not overwrite
+    assert mine.read_text() == "# my work\n"
+    reset("ring_shift")
+    assert mine.read_text() == workspace.stub_file("ring_shift").read_text()
+    assert "ring_shift.py is the stub again" in capsys.readouterr().out
+
+
+def test_fresh_mode_checks_the_stub_and_writes_nothing(learner_dir, monkeypatch):
+    monkeypatch.setenv(workspace.FRESH_ENV, "1")
+    result = run_check("ring_shift")
+    assert "not implemented yet" in result.message
+    assert not learner_dir.exists()
+
+
+def test_show_prints_the_card(learner_dir, capsys):
+    show("ring_all_reduce")
+    out = capsys.readouterr().out
+    assert "Exercise 5.1 (hard), lesson 05_ring_all_reduce.ipynb" in out
+    assert "ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor" in out and "hint:" in out
+
+
+def test_cli_exit_codes(learner_dir, tmp_path, capsys):
+    assert main(["list"]) == 0
+    assert "ring_all_reduce" in capsys.readouterr().out
+    assert main(["check", "scatter_p2p", "--solution"]) == 0
+    assert main(["check", "scatter_p2p"]) == 1
+    assert "not implemented yet" in capsys.readouterr().out
+    assert main(["check", "scatter_p2p", "--file", str(workspace.solution_file("scatter_p2p"))]) == 0
+    assert main(["check", "no_such_exercise"]) == 2
+    assert main(["check", "scatter_p2p", "--file", str(tmp_path / "missing.py")]) == 2
+    assert main(["reset", "scatter_p2p"]) == 0
+    for argv in ([], ["check"], ["check", "scatter_p2p", "--solution", "--file", "x.py"]):
+        with pytest.raises(SystemExit) as usage:
+            main(argv)
+        assert usage.value.code == 2
+
+
+def test_python_dash_m_lists_the_exercises():
+    out = subprocess.run([sys.executable, "-m", "ddp_tutorial.exercises", "list"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert all(name in out.stdout for name in NAMES)
+
+
+def test_imported_module_finds_every_spelling_of_an_import():
+    from ddp_tutorial.exercises.harness import imported_module
+    refused = ("ddp_tutorial.comm.ring",)
+    assert imported_module("import ddp_tutorial.comm.ring as r\n", refused) == "ddp_tutorial.comm.ring"
+    assert imported_module("from ddp_tutorial.comm import ring\n", refused) == "ddp_tutorial.comm.ring"
+    assert imported_module("def f():\n    from ddp_tutorial.comm.ring import segment_bounds\n", refused) == "ddp_tutorial.comm.ring"
+    assert imported_module("import ddp_tutorial.ringside\nfrom ddp_tutorial.comm import p2p\n", refused) is None
+    assert imported_module("from . import ring\n", refused) is None  # relative: not the course's package

@@ -1,0 +1,93 @@
+"""The project's set-up files agree with each other."""
+
+from __future__ import annotations
+
+import re
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib
+from pathlib import Path
+
+from ddp_tutorial.doctor import FLOORS
+
+ROOT = Path(__file__).resolve().parents[2]
+# conda-forge names that differ from PyPI's
+CONDA_TO_PIP = {"pytorch-cpu": "torch", "pytorch-gpu": "torch", "pytorch": "torch"}
+MAINTAINER_EXTRAS = ("dev", "browser", "site")  # dev only names the others
+REQ = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$")
+
+
+def _split(requirement: str) -> tuple[str, str]:
+    name, spec = REQ.match(requirement).groups()
+    return name.lower().replace("_", "-"), spec.replace(" ", "")
+
+
+def pyproject_requirements(maintainer_tools: bool = False) -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    # the maintainers' tools (make site, the browser tests) are not part of a learner's conda env
+    skip = ("dev",) if maintainer_tools else MAINTAINER_EXTRAS
+    reqs = project["dependencies"] + [r for key, rs in extras.items() if key not in skip for r in rs]
+    return dict(_split(r) for r in reqs)
+
+
+def conda_requirements() -> dict[str, str]:
+    reqs = {}
+    in_deps = False
+    for line in (ROOT / "environment.yml").read_text().splitlines():
+        if line.startswith("dependencies:"):
+            in_deps = True
+            continue
+        match = re.match(r"^  - ([^\s:#]+)\s*$", line) if in_deps else None
+        if match:
+            name, spec = _split(match.group(1))
+            if name not in ("python", "pip"):
+                reqs[CONDA_TO_PIP.get(name, name)] = spec
+    return reqs
+
+
+def test_environment_yml_and_pyproject_list_the_same_dependencies():
+    pip_reqs, conda_reqs = pyproject_requirements(), conda_requirements()
+    assert len(pip_reqs) >= 10  # the parsers found the lists
+    assert conda_reqs == pip_reqs
+
+
+def conda_python_spec() -> str:
+    match = re.search(r"^  - python\s*([^\s#]+)\s*$", (ROOT / "environment.yml").read_text(), re.MULTILINE)
+    assert match, "environment.yml names no python version"
+    return match.group(1)
+
+
+def test_the_floors_are_the_doctors():
+    """pyproject.toml and environment.yml install exactly the floors the doctor checks (README "Versions")."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == f">={FLOORS['python']}"
+    assert conda_python_spec() == f">={FLOORS['python']}"
+    reqs = pyproject_requirements()
+    for name in ("torch", "torchvision"):
+        assert reqs[name] == f">={FLOORS[name]}", f"pyproject.toml: {name}{reqs[name]}, doctor: >={FLOORS[name]}"
+    # environment.yml's torch and torchvision equal pyproject's: the test above checks that
+
+
+def test_readme_states_the_floors():
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### Versions"):]
+    section = section[:section.index("\n## ")]
+    for name, floor in FLOORS.items():
+        assert f"{name} {floor}" in section.lower(), f"README.md Versions does not name {name} {floor}"
+
+
+def test_no_exact_pins():
+    for name, spec in pyproject_requirements(maintainer_tools=True).items():
+        assert "==" not in spec, f"{name} is pinned exactly: use a range"
+
+
+def test_environment_yml_installs_the_package_itself():
+    assert "- -e ." in (ROOT / "environment.yml").read_text()
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    assert "make test" in (ROOT / "README.md").read_text()

@@ -1,0 +1,87 @@
+"""The website's pure parts (docs/lessons.py, the docstring reader): no Sphinx build needed."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "docs"))
+import lessons  # noqa: E402  (docs/lessons.py)
+
+
+def test_every_lesson_has_run_commands():
+    names = lessons.lesson_names(ROOT / "notebooks")
+    assert names[:2] == ["00_start_here", "01_data_parallel"] and len(names) >= 15
+    assert not set(names) - set(lessons.COMMANDS), "lessons without commands in docs/lessons.py COMMANDS"
+    # an entry may come before its notebook (15_cluster did); a typo would leave a lesson without one
+    assert all(lessons.LESSON_NAME.match(name) for name in lessons.COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted({c for cs in lessons.COMMANDS.values() for c in cs},
+                                           key=lambda c: c.line()), ids=lambda c: c.line())
+def test_every_command_runs_a_real_module(command):
+    """`python -m X` / `torchrun -m X` needs X to be a module with a main() it calls, or a package with __main__."""
+    if importlib.util.find_spec(command.dotted).submodule_search_locations is not None:
+        assert importlib.util.find_spec(f"{command.dotted}.__main__"), f"{command.dotted} has no __main__"
+        return
+    module = importlib.import_module(command.dotted)
+    assert callable(getattr(module, "main", None)), f"{command.dotted} has no main()"
+    assert 'if __name__ == "__main__":' in inspect.getsource(module), f"{command.dotted} never calls main()"
+
+
+def test_command_lines():
+    hello, doctor = lessons.COMMANDS["00_start_here"]
+    assert hello.lines() == ["# the first all-reduce", "torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.comm.hello"]
+    assert doctor.line() == "python -m ddp_tutorial"
+    jupyter, shell = lessons.run_instructions("13_sharding")
+    assert "jupyter lab notebooks/13_sharding.ipynb" in jupyter
+    assert shell.splitlines()[1:] == ["torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.sharding.zero",
+                                      "torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp"]
+    assert lessons.run_instructions("99_not_a_lesson")[1] == ""
+
+
+def rst_problems(lines: list[str]) -> str:
+    """What docutils warns about when it reads ``lines`` ("" when nothing)."""
+    import docutils.core
+
+    stream = io.StringIO()
+    docutils.core.publish_doctree("\n".join(lines), settings_overrides={
+        "report_level": 2, "halt_level": 5, "warning_stream": stream})
+    return stream.getvalue()
+
+
+def test_plain_docstrings_read_as_restructuredtext():
+    pytest.importorskip("sphinx")
+    import course_site
+    import docutils.core
+
+    text = ("Runs a thing. From a shell:\n\n    torchrun --nproc-per-node=2 -m x \\\n"
+            "        --more-args   # continued\n    python -m x\n\nThree reasons:\n- one\n  two\n"
+            "- three\n\nIt returns ``Footprint``s.\n")
+    lines = text.splitlines()
+    course_site.plain_docstring_to_rst(None, "module", "x", None, None, lines)
+    assert lines[2:4] == ["::", ""] and "``Footprint``\\ s." in lines[-1]
+    assert rst_problems(text.splitlines()), "the raw docstring should upset docutils"
+    assert not rst_problems(lines)
+    doctree = docutils.core.publish_doctree("\n".join(lines))
+    assert [b.astext().splitlines()[0] for b in doctree.findall(docutils.nodes.literal_block)] == [
+        "torchrun --nproc-per-node=2 -m x \\"]
+    assert len(list(doctree.findall(docutils.nodes.bullet_list))) == 1
+    # untouched: a doctest, and a block that already has its ::
+    kept = [">>> spawn(f, 2)", "[1.0, 1.0]", "", "Example::", "", "    code"]
+    same = list(kept)
+    course_site.plain_docstring_to_rst(None, "module", "x", None, None, same)
+    assert same == kept
+
+
+def test_benchmark_commands_name_real_subcommands():
+    from ddp_tutorial.bench.__main__ import SUBCOMMANDS
+
+    shown = [c.args.split()[0] for cs in lessons.COMMANDS.values() for c in cs if c.module == "bench"]
+    assert shown and set(shown) <= set(SUBCOMMANDS) | {"all"}, shown
