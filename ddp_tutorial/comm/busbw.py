@@ -42,7 +42,7 @@ def measure_worker(rank: int, world_size: int, sizes: list[int], repeat: int,
         x = torch.zeros(size // 4, device=on)
         # Small messages: average over several calls, or the timer's resolution dominates.
         calls = max(1, min(max_calls, (4 * MB) // size))
-        impls = {"ring": lambda: ring_all_reduce_flat(x, dist.ReduceOp.SUM, None, piece_bytes),
+        impls = {"ring": lambda: ring_all_reduce_flat(x, dist.ReduceOp.SUM, None, piece_bytes=piece_bytes),
                  "dist": lambda: dist.all_reduce(x)}
         best = {name: float("inf") for name in impls}
         for name, fn in impls.items():  # warm-up: connections, allocator

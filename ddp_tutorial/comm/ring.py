@@ -29,8 +29,8 @@ from torch.distributed import ReduceOp
 
 from ddp_tutorial.env import distributed, rank_device
 
-__all__ = ["ring_all_reduce", "ring_all_reduce_flat", "segment_bounds", "ring_trace", "compare_with_dist",
-           "SUPPORTED_OPS", "PIECE_BYTES", "DEPTH"]
+__all__ = ["ring_all_reduce", "ring_all_reduce_flat", "ring_jobs", "Receives", "pieces", "segment_bounds",
+           "ring_trace", "compare_with_dist", "SUPPORTED_OPS", "PIECE_BYTES", "DEPTH"]
 
 SUPPORTED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG)
 # Big enough that per-message overhead is small, small enough to pipeline a 16 MB tensor.
@@ -95,7 +95,7 @@ def ring_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
     return tensor
 
 
-def ring_all_reduce_flat(flat: torch.Tensor, op: ReduceOp, group: dist.ProcessGroup | None,
+def ring_all_reduce_flat(flat: torch.Tensor, op: ReduceOp, group: dist.ProcessGroup | None, *,
                          piece_bytes: int = PIECE_BYTES, depth: int = DEPTH,
                          snapshot: Callable[[int], None] | None = None) -> None:
     """The algorithm, in place on a 1-D contiguous tensor, without ``ring_all_reduce``'s checks.
@@ -114,47 +114,16 @@ def ring_all_reduce_flat(flat: torch.Tensor, op: ReduceOp, group: dist.ProcessGr
     right, left = to_global((rank + 1) % n), to_global((rank - 1) % n)
     bounds = segment_bounds(flat.numel(), n)
     piece = max(1, piece_bytes // flat.element_size())
+    jobs, reducing = ring_jobs(rank, n, bounds, piece)
     combine = _combine(op)
     if snapshot is not None:
         depth = 0  # a snapshot must not see the next step's data arriving early
-
-    def pieces(seg: int) -> list[tuple[int, int]]:
-        start, stop = bounds[seg]
-        return [(a, min(a + piece, stop)) for a in range(start, stop, piece)]
-
-    # Step t receives one segment from the left: the first n - 1 steps (reduce-scatter)
-    # fold it into ours, the last n - 1 (all-gather) keep it. Every piece is a job.
-    jobs = [(t, a, b) for t in range(n - 1) for a, b in pieces((rank - t - 1) % n)]
-    reducing_jobs = len(jobs)
-    jobs += [(t, a, b) for t in range(n - 1, 2 * n - 2) for a, b in pieces((rank - t + n - 1) % n)]
-    # Reduce-scatter pieces land in a few small scratch slots (not a whole segment:
-    # fresh memory costs page faults); all-gather pieces go straight to their place.
-    slots = [torch.empty(min(piece, bounds[0][1] - bounds[0][0]), dtype=flat.dtype,
-                         device=flat.device) for _ in range(depth + 1)]
-
-    def post(i: int) -> tuple[torch.Tensor, dist.Work]:
-        _, a, b = jobs[i]
-        into = slots[i % len(slots)][:b - a] if i < reducing_jobs else flat[a:b]
-        return into, dist.irecv(into, src=left, group=group)
-
-    sends = [dist.isend(flat[a:b], dst=right, group=group) for a, b in pieces(rank)]
-    posted, next_post = [], 0
-
-    def post_ahead(i: int) -> None:
-        # Keep ``depth`` receives waiting beyond job i. All-gather pieces need no scratch
-        # slot, so once we reach them all are posted at once (still in order: peers match
-        # receives to sends in posting order, and NCCL ignores tags).
-        nonlocal next_post
-        while next_post < len(jobs) and (next_post <= i + depth
-                                         or (snapshot is None and next_post >= reducing_jobs)):
-            posted.append(post(next_post))
-            next_post += 1
-
-    post_ahead(0)
+    receives = Receives(flat, jobs, reducing, left=left, group=group, depth=depth, piece=min(piece, bounds[0][1]),
+                        gather_at_once=snapshot is None)
+    sends = [dist.isend(flat[a:b], dst=right, group=group) for a, b in pieces(bounds[rank], piece)]
     for i, (t, a, b) in enumerate(jobs):
-        into, work = posted.pop(0)
-        work.wait()
-        if i < reducing_jobs:
+        into = receives.take(i)
+        if i < reducing:
             combine(flat[a:b], into)
             if t == n - 2 and op == ReduceOp.AVG:
                 # the owner finishes the mean before it is shared (complex: divide the
@@ -164,9 +133,62 @@ def ring_all_reduce_flat(flat: torch.Tensor, op: ReduceOp, group: dist.ProcessGr
             sends.append(dist.isend(flat[a:b], dst=right, group=group))
         if snapshot is not None and (i + 1 == len(jobs) or jobs[i + 1][0] != t):
             snapshot(t)
-        post_ahead(i + 1)
     for work in sends:
         work.wait()
+
+
+def pieces(segment: tuple[int, int], piece: int) -> list[tuple[int, int]]:
+    """A segment ``(start, stop)`` cut into pieces of at most ``piece`` elements."""
+    start, stop = segment
+    return [(a, min(a + piece, stop)) for a in range(start, stop, piece)]
+
+
+def ring_jobs(rank: int, world_size: int, bounds: list[tuple[int, int]],
+              piece: int) -> tuple[list[tuple[int, int, int]], int]:
+    """What ``rank`` receives, in order, as ``(step, start, stop)`` pieces, and how many are reduced.
+
+    Step t receives one segment from the left: the first n - 1 steps (reduce-scatter) fold it
+    into ours, the last n - 1 (all-gather) keep it. Every piece is a job.
+    """
+    n = world_size
+    jobs = [(t, a, b) for t in range(n - 1) for a, b in pieces(bounds[(rank - t - 1) % n], piece)]
+    reducing = len(jobs)
+    jobs += [(t, a, b) for t in range(n - 1, 2 * n - 2) for a, b in pieces(bounds[(rank - t + n - 1) % n], piece)]
+    return jobs, reducing
+
+
+class Receives:
+    """The receives from the left neighbour, posted ``depth`` jobs ahead of the one being reduced.
+
+    Reduce-scatter pieces land in ``depth + 1`` small scratch slots (not a whole segment:
+    fresh memory costs page faults); all-gather pieces go straight to their place, so with
+    ``gather_at_once`` they are all posted as soon as the all-gather is reached (still in
+    order: peers match receives to sends in posting order, and NCCL ignores tags).
+    """
+
+    def __init__(self, flat: torch.Tensor, jobs: list[tuple[int, int, int]], reducing: int, *, left: int,
+                 group: dist.ProcessGroup | None, depth: int, piece: int, gather_at_once: bool):
+        self.flat, self.jobs, self.reducing, self.left, self.group = flat, jobs, reducing, left, group
+        self.depth, self.gather_at_once = depth, gather_at_once
+        self.slots = [torch.empty(piece, dtype=flat.dtype, device=flat.device) for _ in range(depth + 1)]
+        self.posted: list[tuple[torch.Tensor, dist.Work]] = []
+        self.next_post = 0
+
+    def take(self, i: int) -> torch.Tensor:
+        """Job ``i``'s received piece, once it has arrived (posting the ones ahead of it first)."""
+        self._post_ahead(i)
+        into, work = self.posted.pop(0)
+        work.wait()
+        return into
+
+    def _post_ahead(self, i: int) -> None:
+        while self.next_post < len(self.jobs) and (
+                self.next_post <= i + self.depth or (self.gather_at_once and self.next_post >= self.reducing)):
+            _, a, b = self.jobs[self.next_post]
+            slot = self.slots[self.next_post % len(self.slots)]
+            into = slot[:b - a] if self.next_post < self.reducing else self.flat[a:b]
+            self.posted.append((into, dist.irecv(into, src=self.left, group=self.group)))
+            self.next_post += 1
 
 
 def ring_trace(rank: int, world_size: int, numel: int | None = None) -> list[list[float]]:

@@ -221,7 +221,7 @@ def grad_ready_order(model: nn.Module, x: torch.Tensor) -> list[str]:
     return order
 
 
-def compare_with_torch_ddp(rank: int, world_size: int, model_name: str = "mlp", num_steps: int = 5,
+def compare_with_torch_ddp(rank: int, world_size: int, model_name: str = "mlp", *, num_steps: int = 5,
                            bucket_cap_mb: float = 0.002, lr: float = 0.05, batch_size: int = 8,
                            dtype: torch.dtype = torch.float64, kinds: tuple[str, ...] = ("naive", "flat", "bucketed"),
                            seed: int = 0) -> dict[str, float]:
@@ -261,7 +261,8 @@ def main() -> None:
     parser.add_argument("--bucket-cap-mb", type=float, default=0.002)
     args = parser.parse_args()
     with distributed() as (info, _):
-        diffs = compare_with_torch_ddp(info.rank, info.world_size, args.model, args.num_steps, args.bucket_cap_mb)
+        diffs = compare_with_torch_ddp(info.rank, info.world_size, args.model, num_steps=args.num_steps,
+                                       bucket_cap_mb=args.bucket_cap_mb)
         if info.is_main:
             for kind, diff in diffs.items():
                 print(f"{kind:>8}: largest difference from torch DDP after {args.num_steps} steps "

@@ -17,7 +17,6 @@ is a label, so the mechanics (and their costs) are visible without GPUs.
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Sequence
@@ -120,28 +119,6 @@ def parallel_apply(replicas: Sequence[nn.Module], inputs: Sequence[torch.Tensor]
 def gather(outputs: Sequence[torch.Tensor], main: torch.device) -> torch.Tensor:
     """Step 4: bring every replica's output to the main device and concatenate along dim 0."""
     return torch.cat([out.to(main) for out in outputs], dim=0)
-
-
-def one_liner_lines(device_ids: Sequence[int], rows: int, close: bool) -> list[str]:
-    """The two lines ``01_data_parallel``'s one-liner cell prints, with GPUs or without."""
-    first = (f"{len(device_ids)} GPU(s): nn.DataParallel splits the {rows} rows over device_ids "
-             f"{list(device_ids)}, gathers on cuda:{device_ids[0]}" if device_ids else
-             "no GPU here: nn.DataParallel keeps device_ids = [] and just calls the module "
-             "(with GPUs it splits the batch over them and gathers on cuda:0)")
-    return [first, f"nn.DataParallel(model)(x) equals model(x) within 1e-5: {close}"]
-
-
-def try_data_parallel(model: nn.Module, x: torch.Tensor) -> list[str]:
-    """``nn.DataParallel(model)(x)`` for real (a copy on ``cuda:0`` when there are GPUs) against
-    ``model(x)``; prints and returns ``one_liner_lines``. GPUs round differently in the last bits."""
-    with torch.no_grad():
-        expected = model(x)
-        on_gpus = torch.cuda.is_available()
-        dp = nn.DataParallel(copy.deepcopy(model).to("cuda:0") if on_gpus else model)  # no GPU: device_ids []
-        got = dp(x.to("cuda:0")).cpu() if on_gpus else dp(x)
-    lines = one_liner_lines(dp.device_ids, len(x), torch.allclose(got, expected, rtol=1e-5, atol=1e-5))
-    print(*lines, sep="\n")
-    return lines
 
 
 class MiniDataParallel(nn.Module):

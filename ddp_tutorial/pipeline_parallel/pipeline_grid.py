@@ -14,6 +14,7 @@ gradients with an all-reduce inside their own ``new_group``: DDP, per stage.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ from torch import nn
 from ddp_tutorial.env import distributed, rank_device, rank_info
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
 
-__all__ = ["Grid", "mlp_stages", "grid_worker", "train_whole_model"]
+__all__ = ["Grid", "mlp_stages", "grid_worker", "pipeline_step", "average_gradients", "sgd_step", "train_whole_model"]
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,7 @@ def _split(n: int, parts: int, what: str) -> int:
 
 def grid_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.1, global_batch: int = 8,
                 num_micro: int = 2, widths: tuple[int, ...] = (10, 10, 5), seed: int = 0) -> dict:
-    """Train one stage of one replica with a GPipe-style flush per step.
-
-    Every stage but the last runs all its forwards, then all its backwards. The last stage
-    has the loss, so it runs each micro-batch's backward right after its forward (F0 B0 F1
-    B1 ...) and sends the input gradients back once its forwards are done; the backward wave
-    reaches the earlier stages only after their forward phase, as in GPipe.
+    """Train one stage of one replica: per step, a pipeline flush, then data parallelism per stage.
 
     Returns the rank's place in the grid, its groups, the order it ran the micro-batches in
     (``schedule``, the same every step), the global loss per step (last stage only) and
@@ -103,8 +99,7 @@ def grid_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.1,
     stage, replica = grid.stage_of(rank), grid.replica_of(rank)
     rows = _split(global_batch, grid.num_replicas, "global_batch")
     micro = _split(rows, num_micro, f"rows per replica ({rows}); num_micro")
-    first, last = stage == 0, stage == grid.num_stages - 1
-    prev_rank, next_rank = rank - 1, rank + 1  # neighbours in this replica's pipeline
+    last = stage == grid.num_stages - 1
     # Every rank must call new_group for every group, in the same order, even groups it is not in.
     dp_groups = [dist.new_group(grid.data_parallel_ranks(s)) for s in range(grid.num_stages)]
     device = rank_device()  # one stage per rank: cuda:LOCAL_RANK with NCCL, else the CPU
@@ -113,46 +108,11 @@ def grid_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.1,
     for step in range(num_steps):
         x, y = toy_batch(step, global_batch, seed, widths[0], widths[-1])
         mine = slice(replica * rows, (replica + 1) * rows)
-        xs, ys = x[mine].to(device).split(micro), y[mine].to(device).split(micro)
         module.zero_grad()
-        inputs, outputs, sends = [], [], []
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        order = []  # what this rank ran, in order: "F0" = forward of micro-batch 0, "B0" its backward
-        for m in range(num_micro):  # forward phase (and, on the last stage, each backward at once)
-            if first:
-                h = xs[m]
-            else:
-                h = torch.empty(micro, widths[stage], dtype=torch.float64, device=device)
-                dist.recv(h, src=prev_rank)
-                h.requires_grad_()
-            out = module(h)
-            inputs.append(h)
-            order.append(f"F{m}")
-            if last:
-                # 1/num_micro: the micro-batch gradients add up to the replica's mean gradient
-                loss = nn.functional.mse_loss(out, ys[m]) / num_micro
-                loss.backward()
-                order.append(f"B{m}")
-                loss_sum += loss.detach()
-            else:
-                outputs.append(out)
-                sends.append(dist.isend(out.detach(), dst=next_rank))
-        for m in range(num_micro):  # backward phase (the last stage only sends its input gradients)
-            if not last:
-                grad = torch.empty(micro, widths[stage + 1], dtype=torch.float64, device=device)
-                dist.recv(grad, src=next_rank)
-                outputs[m].backward(grad)
-                order.append(f"B{m}")
-            if not first:
-                sends.append(dist.isend(inputs[m].grad, dst=prev_rank))
-        for work in sends:
-            work.wait()
-        for p in module.parameters():  # data parallelism, per stage: average over the replicas
-            dist.all_reduce(p.grad, group=dp_groups[stage])
-            p.grad /= grid.num_replicas
-        with torch.no_grad():  # plain SGD by hand: torch.optim's first use imports seconds of torch._dynamo
-            for p in module.parameters():
-                p -= lr * p.grad
+        order, loss_sum = pipeline_step(module, x[mine].to(device).split(micro), y[mine].to(device).split(micro),
+                                        rank=rank, stage=stage, num_stages=grid.num_stages, widths=widths)
+        average_gradients(module, dp_groups[stage], grid.num_replicas)
+        sgd_step(module, lr)
         if last:
             dist.all_reduce(loss_sum, group=dp_groups[stage])
             losses.append(loss_sum.item() / grid.num_replicas)
@@ -160,6 +120,67 @@ def grid_worker(rank: int, world_size: int, num_steps: int = 3, lr: float = 0.1,
             "pipeline": grid.pipeline_ranks(replica), "data_parallel": grid.data_parallel_ranks(stage),
             "schedule": order, "losses": losses if last else None,
             "state": {k: v.detach().cpu() for k, v in module.state_dict().items()}}
+
+
+def pipeline_step(module: nn.Module, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor], *, rank: int,
+                  stage: int, num_stages: int, widths: tuple[int, ...]) -> tuple[list[str], torch.Tensor]:
+    """One GPipe-style flush of this stage over the micro-batches ``xs`` (targets ``ys``).
+
+    Every stage but the last runs all its forwards, then all its backwards. The last stage
+    has the loss, so it runs each micro-batch's backward right after its forward (F0 B0 F1
+    B1 ...) and sends the input gradients back once its forwards are done; the backward wave
+    reaches the earlier stages only after their forward phase, as in GPipe. Returns the
+    order it ran ("F0" = forward of micro-batch 0, "B0" its backward) and the summed loss.
+    """
+    first, last, num_micro = stage == 0, stage == num_stages - 1, len(xs)
+    prev_rank, next_rank = rank - 1, rank + 1  # neighbours in this replica's pipeline
+    device, micro = xs[0].device, len(xs[0])
+    inputs, outputs, sends, order = [], [], [], []
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for m in range(num_micro):  # forward phase (and, on the last stage, each backward at once)
+        if first:
+            h = xs[m]
+        else:
+            h = torch.empty(micro, widths[stage], dtype=torch.float64, device=device)
+            dist.recv(h, src=prev_rank)
+            h.requires_grad_()
+        out = module(h)
+        inputs.append(h)
+        order.append(f"F{m}")
+        if last:
+            # 1/num_micro: the micro-batch gradients add up to the replica's mean gradient
+            loss = nn.functional.mse_loss(out, ys[m]) / num_micro
+            loss.backward()
+            order.append(f"B{m}")
+            loss_sum += loss.detach()
+        else:
+            outputs.append(out)
+            sends.append(dist.isend(out.detach(), dst=next_rank))
+    for m in range(num_micro):  # backward phase (the last stage only sends its input gradients)
+        if not last:
+            grad = torch.empty(micro, widths[stage + 1], dtype=torch.float64, device=device)
+            dist.recv(grad, src=next_rank)
+            outputs[m].backward(grad)
+            order.append(f"B{m}")
+        if not first:
+            sends.append(dist.isend(inputs[m].grad, dst=prev_rank))
+    for work in sends:
+        work.wait()
+    return order, loss_sum
+
+
+def average_gradients(module: nn.Module, group: dist.ProcessGroup, num_replicas: int) -> None:
+    """Data parallelism, per stage: average each gradient over the replicas of this stage."""
+    for p in module.parameters():
+        dist.all_reduce(p.grad, group=group)
+        p.grad /= num_replicas
+
+
+def sgd_step(module: nn.Module, lr: float) -> None:
+    """Plain SGD by hand: torch.optim's first use imports seconds of torch._dynamo."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p -= lr * p.grad
 
 
 def train_whole_model(num_steps: int = 3, lr: float = 0.1, global_batch: int = 8,

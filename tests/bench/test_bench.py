@@ -1,4 +1,10 @@
-"""``python -m ddp_tutorial.bench collectives`` and ``dp``: tiny runs, well-formed JSON, consistent numbers."""
+"""``python -m ddp_tutorial.bench``: every subcommand in a tiny run, well-formed JSON, consistent numbers.
+
+Covers ``ddp_tutorial.bench.allreduce``, ``ddp_tutorial.bench.collective_bw``, ``ddp_tutorial.bench.common``,
+``ddp_tutorial.bench.ddp``, ``ddp_tutorial.bench.dp``, ``ddp_tutorial.bench.footprint``,
+``ddp_tutorial.bench.launch``, ``ddp_tutorial.bench.microbatch``; ``ddp_tutorial.bench.scaling`` is
+run by tests/training/test_train.py.
+"""
 
 from __future__ import annotations
 
@@ -141,3 +147,39 @@ def test_sharding_tiny_run_meets_its_targets_and_matches_the_formulas():
     assert fsdp4["total"] == 4 * psi and fsdp4["peak"] > fsdp4["total"]
     assert result.notes[0].endswith(": met")
     json.dumps(result.to_dict(), allow_nan=False)
+
+
+@pytest.mark.timeout(120)
+def test_allreduce_tiny_run_compares_ring_with_dist_on_each_world_size():
+    from ddp_tutorial.bench import allreduce
+
+    sizes = [4096, allreduce.HEADLINE]
+    result = allreduce.run(_args(allreduce, ["--world-sizes", "2", "--sizes", *map(str, sizes), "--repeat", "1"]))
+    assert [(r["world_size"], r["bytes"]) for r in result.rows] == [(2, s) for s in sizes]
+    for row in result.rows:  # busbw = bytes / time * 2(n-1)/n, which is 1 on 2 ranks
+        assert row["ring_busbw"] == pytest.approx(row["bytes"] / row["ring_s"] / 1e9)
+        assert row["ring/dist"] == pytest.approx(row["ring_busbw"] / row["dist_busbw"])
+    assert set(result.ratios) >= {"ring/dist busbw at 16 MB, 2 ranks"}
+    json.dumps(result.to_dict(), allow_nan=False)
+
+
+@pytest.mark.timeout(120)
+def test_launch_tiny_run_times_both_launchers_and_their_ratio():
+    from ddp_tutorial.bench import launch
+
+    result = launch.run(_args(launch, ["--repeat", "1"]))
+    warm, plain = (r["seconds"] for r in result.rows)
+    assert warm > 0 and plain > 0
+    assert result.ratios["speedup (mp.spawn time / launch.spawn time)"] == pytest.approx(plain / warm)
+
+
+@pytest.mark.timeout(120)
+def test_microbatch_tiny_run_reports_each_count_against_the_ideal_bubble():
+    from ddp_tutorial.bench import microbatch
+
+    result = microbatch.run(_args(microbatch, ["--micro", "1", "4", "--batch-size", "16", "--width", "16",
+                                               "--repeat", "1"]))
+    assert [r["micro_batches"] for r in result.rows] == [1, 4]
+    assert result.rows[0]["speedup"] == pytest.approx(1.0)
+    for row in result.rows:
+        assert 0 <= row["idle"] <= 1 and row["ideal_idle"] == pytest.approx(1 / (row["micro_batches"] + 1))

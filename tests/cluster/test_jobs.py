@@ -2,6 +2,9 @@
 the job scripts lesson 15 shows (``ddp_tutorial.cluster.jobs``), and a stop all ranks agree on.
 
 ``make slurm-test`` (tests/slurm) submits the scripts to a real Slurm.
+
+Covers ``ddp_tutorial.cluster.jobs``, ``ddp_tutorial.env.slurm``,
+``ddp_tutorial.training.preemption``.
 """
 
 from __future__ import annotations

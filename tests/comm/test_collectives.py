@@ -1,4 +1,8 @@
-"""ddp_tutorial.comm.collectives: each collective against a reference computed in one process."""
+"""ddp_tutorial.comm.collectives: each collective against a reference computed in one process.
+
+Covers ``ddp_tutorial.comm.collectives``, ``ddp_tutorial.comm.object_collectives``,
+``ddp_tutorial.plots.comm``.
+"""
 
 from __future__ import annotations
 

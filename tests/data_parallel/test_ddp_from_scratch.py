@@ -1,4 +1,8 @@
-"""NaiveDDP, FlatDDP and BucketedDDP against torch DDP and against gradients averaged by hand."""
+"""NaiveDDP, FlatDDP and BucketedDDP against torch DDP and against gradients averaged by hand.
+
+Covers ``ddp_tutorial.data_parallel.ddp_from_scratch``, ``ddp_tutorial.data_parallel.buckets``,
+``ddp_tutorial.models``.
+"""
 
 from __future__ import annotations
 

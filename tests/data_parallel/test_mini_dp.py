@@ -11,14 +11,12 @@ from torch import nn
 from ddp_tutorial.data_parallel.mini_dp import (
     MiniDataParallel,
     bytes_per_device,
-    one_liner_lines,
     parallel_apply,
     phase_seconds,
     replicate,
     replicate_seconds,
     scatter,
     thread_speedup,
-    try_data_parallel,
 )
 from ddp_tutorial.models import DeepMLP, SharedLayerNet, ToyModel
 
@@ -176,19 +174,3 @@ def test_cost_probes_return_times_for_every_phase():
     assert 0 < thread_speedup(ToyModel(), torch.randn(8, 10), repeat=2) < 100
 
 
-@pytest.mark.parametrize("device_ids", [[], [0], [0, 1]])
-def test_the_one_liner_prints_two_lines_with_or_without_gpus(device_ids):
-    lines = one_liner_lines(device_ids, 32, True)
-    assert len(lines) == 2 and lines[1] == "nn.DataParallel(model)(x) equals model(x) within 1e-5: True"
-    if device_ids:
-        assert lines[0].startswith(f"{len(device_ids)} GPU(s): ") and f"device_ids {device_ids}" in lines[0]
-    else:
-        assert lines[0].startswith("no GPU here: ") and "device_ids = []" in lines[0]
-
-
-def test_the_one_liner_runs_on_this_machine(capsys):
-    torch.manual_seed(0)
-    lines = try_data_parallel(ToyModel(), torch.randn(32, 10))
-    assert capsys.readouterr().out.splitlines() == lines
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert lines == one_liner_lines(list(range(gpus)), 32, True)

@@ -2,6 +2,11 @@
 
 Each check starts 1, 2 and 3 ranks on tiny tensors; a deadlock case waits 8 s. Learner
 copies go to a temporary folder (``DDP_TUTORIAL_EXERCISES_DIR``), never into the checkout.
+
+Covers ``ddp_tutorial.exercises.exercise``, ``ddp_tutorial.exercises.registry``,
+``ddp_tutorial.exercises.checker``, ``ddp_tutorial.exercises.harness``,
+``ddp_tutorial.exercises.tracing``, ``ddp_tutorial.exercises.stubgen``,
+``ddp_tutorial.exercises.workspace``, ``ddp_tutorial.exercises.checks.*`` (every lesson's checks).
 """
 
 from __future__ import annotations

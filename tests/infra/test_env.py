@@ -1,4 +1,7 @@
-"""ddp_tutorial.env: backend/device choice for simulated machines, and rank info from the environment."""
+"""ddp_tutorial.env: backend/device choice for simulated machines, and rank info from the environment.
+
+Covers ``ddp_tutorial.env.devices``, ``ddp_tutorial.env.ranks``.
+"""
 
 from __future__ import annotations
 

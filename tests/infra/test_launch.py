@@ -1,4 +1,9 @@
-"""ddp_tutorial.launch: the contract of spawn() and torchrun() in DESIGN.md."""
+"""ddp_tutorial.launch: the contract of spawn() and torchrun() in DESIGN.md.
+
+Covers ``ddp_tutorial.launch.spawner``, ``ddp_tutorial.launch.spec``, ``ddp_tutorial.launch.child``,
+``ddp_tutorial.launch.errors``, ``ddp_tutorial.launch.commands``, ``ddp_tutorial.launch.procs``,
+``ddp_tutorial.launch.output``, ``ddp_tutorial.comm.hello``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""launch.spawn shows rank output while ranks run: in a real Jupyter kernel, in a terminal; how lines are read."""
+"""launch.spawn shows rank output while ranks run: in a real Jupyter kernel, in a terminal; how lines are read.
+
+Covers ``ddp_tutorial.launch.live``, ``ddp_tutorial.launch.output``.
+"""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(code: str, capability: str) -> str:
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, PYTHONPATH=str(ROOT / "tests"))
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, PYTHONPATH=str(Path(__file__).parent))  # portable_workers
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,9 @@
-"""Every pitfall demo of lesson 11 ends in its expected error or result, in time, leaving no process."""
+"""Every pitfall demo of lesson 11 ends in its expected error or result, in time, leaving no process.
+
+Covers ``ddp_tutorial.pitfalls.outcomes``, ``ddp_tutorial.pitfalls.mismatches``,
+``ddp_tutorial.pitfalls.checkpoints``, ``ddp_tutorial.pitfalls.launchers``,
+``ddp_tutorial.pitfalls.strays``.
+"""
 
 from __future__ import annotations
 

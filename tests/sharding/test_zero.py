@@ -1,4 +1,8 @@
-"""ZeRO-1 / ZeRO-2-style from scratch and ZeroRedundancyOptimizer: equal to DDP + Adam, and the bytes they keep."""
+"""ZeRO-1 / ZeRO-2-style from scratch and ZeroRedundancyOptimizer: equal to DDP + Adam, and the bytes they keep.
+
+Covers ``ddp_tutorial.sharding.zero``, ``ddp_tutorial.sharding.memory``,
+``ddp_tutorial.plots.sharding``.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 Every split is compared with one process running the unsplit ToyModel (or, for the
 placements, with ``torch.chunk`` on the whole tensor), to ``TOLERANCE``: float32 sums in
 another order differ in their last digit.
+
+Covers ``ddp_tutorial.tensor_parallel.split_mlp``, ``ddp_tutorial.tensor_parallel.device_mesh``,
+``ddp_tutorial.plots.meshes``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""The training program: convergence, exact resume after a crash, simulated nodes, bad input, checkpoints."""
+"""The training program: convergence, exact resume after a crash, simulated nodes, bad input, checkpoints.
+
+Covers ``ddp_tutorial.training.train``, ``ddp_tutorial.training.checkpoint``,
+``ddp_tutorial.training.data``, ``ddp_tutorial.training.reproducibility``,
+``ddp_tutorial.bench.scaling``.
+"""
 
 from __future__ import annotations
 
