@@ -1,12 +1,19 @@
 # ddp-tutorial: every target creates .venv when it is missing and installs into it.
 #   make demo       2-process DDP training on digits via torchrun on CPU
-#   make test       unit tests, then nbval over every notebook
+#   make doctor     can this machine run the course? (python -m ddp_tutorial)
+#   make test       lint, unit tests, then nbval over every notebook (the README's test command)
+#   make lint       ruff over the package, tests and docs (seconds; pyproject.toml [tool.ruff])
+#   make unit       the unit and multi-process tests alone (tests/, two files at a time)
+#   make nbval      every notebook re-run and compared with its stored outputs
 #   make lab        Jupyter on notebooks/ (make lab-test: the same in a real browser)
-#   make notebooks  re-execute every notebook and store its outputs
+#   make notebooks  re-execute every notebook and store its outputs (NB=notebooks/NN_x.ipynb: one)
 #   make nbval-portable  nbval again on torch's portable (default) and AVX2 CPU kernels
+#   make site       the course as a website in build/site (site-test: checked in Chromium;
+#                   site-serve: on http://127.0.0.1:8000)
 #   make slurm-test lesson 15's sbatch scripts on a throwaway two-node Slurm, and elastic torchrun (root)
 #   make bench      the benchmark suite (python -m ddp_tutorial.bench all)
 #   make bench-reference  the same, saved as lesson 12's reference run (on an idle machine)
+#   make clean      remove .venv and pytest's cache
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -19,7 +26,7 @@ export PYTHONHASHSEED = 0
 # `make lab` checks the learner's copies.
 unit nbval nbval-portable notebooks: export DDP_TUTORIAL_EXERCISES_FRESH = 1
 
-.PHONY: install demo test unit nbval nbval-portable lab notebooks bench bench-reference doctor clean slurm-test
+.PHONY: install demo test lint unit nbval nbval-portable lab notebooks bench bench-reference doctor clean slurm-test
 
 install: $(STAMP)
 
@@ -33,7 +40,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.training.train
 
-test: unit nbval
+test: lint unit nbval
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # Two test files at a time (--dist loadfile keeps a file's tests, and their fixtures, in one
 # worker): most multi-process tests wait on process starts and timeouts, not on the CPU, so

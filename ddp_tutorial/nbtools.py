@@ -79,3 +79,26 @@ def error_summary(error: BaseException, *phrases: str) -> str:
 def show_error(error: BaseException, *phrases: str, label: str = "") -> None:
     """Print ``error_summary(error, *phrases)``, after ``label`` when given."""
     print(f"{label}{error_summary(error, *phrases)}")
+
+
+def short_paths(text: str, **folders: str) -> str:
+    """``text`` with this machine's folders written the way any learner's would read.
+
+    The course's checkout becomes ``ddp_tutorial/...``, the Python environment's packages
+    ``<site-packages>/...``, and each ``name=folder`` given (a temporary folder) ``<name>``:
+    a stored output (and the website) must not publish the writer's paths (``15_cluster``).
+    """
+    import site
+    import sysconfig
+    from pathlib import Path
+
+    import ddp_tutorial
+
+    replace = {str(Path(ddp_tutorial.__file__).resolve().parent.parent) + "/": ""}
+    for packages in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}:
+        replace[str(Path(packages).resolve()) + "/"] = "<site-packages>/"
+        replace[packages + "/"] = "<site-packages>/"
+    replace.update({str(folder): f"<{name}>" for name, folder in folders.items()})
+    for old in sorted(replace, key=len, reverse=True):  # the longest first: a venv inside the checkout
+        text = text.replace(old, replace[old])
+    return text

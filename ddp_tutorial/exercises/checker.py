@@ -63,7 +63,7 @@ def run_check(name: str, *, file: str | Path | None = None, solution: bool = Fal
     else:  # the learner's copy; under nbval the pristine stub in its place (workspace.fresh)
         source = workspace.stub_file(name) if workspace.fresh() else workspace.learner_file(name)
         shown = workspace.shown(workspace.learner_path(name))
-    fail = lambda text: CheckResult(name, False, f"exercise {e.number} ({e.name}), {shown}: {text}")  # noqa: E731
+    fail = lambda text: CheckResult(name, False, f"exercise {e.number} ({e.name}), {shown}: {text}")  # noqa: E731  (a one-line helper, read beside its only use)
     text = source.read_text(encoding="utf-8")
     try:
         ast.parse(text)

@@ -37,10 +37,10 @@ The modules, parent to child:
 - ``procs``: the process tree, stopping a process group, Ctrl-C held back meanwhile.
 """
 
-from ddp_tutorial.launch.commands import TorchrunError, TorchrunResult, run_command, torchrun, torchrun_command  # noqa: F401
-from ddp_tutorial.launch.errors import LaunchInterrupted, WorkerError, WorkerTimeout  # noqa: F401
-from ddp_tutorial.launch.spawner import spawn, warm_up  # noqa: F401
-from ddp_tutorial.launch.spec import LOCALHOST, PLAIN_TEXT, LaunchSpec, free_port, watched_live  # noqa: F401
+from ddp_tutorial.launch.commands import TorchrunError, TorchrunResult, run_command, torchrun, torchrun_command
+from ddp_tutorial.launch.errors import LaunchInterrupted, WorkerError, WorkerTimeout
+from ddp_tutorial.launch.spawner import spawn, warm_up
+from ddp_tutorial.launch.spec import LOCALHOST, PLAIN_TEXT, LaunchSpec, free_port, watched_live
 
 __all__ = ["spawn", "warm_up", "torchrun", "torchrun_command", "run_command", "free_port", "watched_live",
            "LaunchSpec", "WorkerError", "WorkerTimeout", "LaunchInterrupted", "TorchrunError", "TorchrunResult",

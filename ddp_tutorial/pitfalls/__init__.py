@@ -20,6 +20,6 @@ make ``python -m ddp_tutorial.pitfalls.launchers`` find it imported twice (runpy
 warns about that), and every demo would be loaded to use one.
 """
 
-from ddp_tutorial.pitfalls.outcomes import Outcome, clean_message, outcome  # noqa: F401
+from ddp_tutorial.pitfalls.outcomes import Outcome, clean_message, outcome
 
 __all__ = ["Outcome", "outcome", "clean_message"]

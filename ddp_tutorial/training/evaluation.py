@@ -137,6 +137,6 @@ def state_dicts_worker(rank: int, world_size: int, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     model = build_model("cnn", 1, 10).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    on_cpu = lambda state: {k: v.detach().cpu() for k, v in state.items()}  # noqa: E731
+    on_cpu = lambda state: {k: v.detach().cpu() for k, v in state.items()}  # noqa: E731  (a one-line helper, read beside its only use)
     return {"ddp.state_dict()": on_cpu(ddp.state_dict()),
             "ddp.module.state_dict()": on_cpu(ddp.module.state_dict())}

@@ -34,7 +34,7 @@ def missing() -> str | None:
                 f"{' and '.join(DEBIAN_PACKAGES)} (as root: apt-get update && "
                 f"apt-get install -y --no-install-recommends {' '.join(DEBIAN_PACKAGES)})")
     try:
-        import selenium  # noqa: F401
+        import selenium  # noqa: F401  (only whether it imports)
     except ImportError:
         return "selenium is not installed in this Python (pip install 'selenium>=4.11')"
     return None

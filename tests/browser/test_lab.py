@@ -46,9 +46,9 @@ if chromium.missing():  # make lab-test asked for the browser: say what is missi
     pytest.fail(chromium.missing(), pytrace=False)
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(TESTS))
-from ddp_tutorial.launch import free_port  # noqa: E402
-from ddp_tutorial.launch.procs import descendants  # noqa: E402
-from ddp_tutorial.pitfalls.strays import alive  # noqa: E402  (exists and is not a zombie)
+from ddp_tutorial.launch import free_port  # noqa: E402  (after the sys.path line above)
+from ddp_tutorial.launch.procs import descendants  # noqa: E402  (after the sys.path line above)
+from ddp_tutorial.pitfalls.strays import alive  # noqa: E402  (after sys.path; alive: exists and is not a zombie)
 
 # Runs in the page: the open notebook's cells as the learner sees them.
 CELLS = r"""

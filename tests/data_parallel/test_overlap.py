@@ -51,7 +51,7 @@ def test_a_group_of_one_gives_local_gradients_and_the_world_gives_their_mean():
 def sizes_of_every_rung(rank: int, world_size: int) -> dict:
     base, (n_in, n_out) = make_model("big", seed=0)
     x, y = torch.randn(4, n_in), torch.randn(4, n_out)
-    step = lambda m: nn.functional.mse_loss(m(x), y).backward()  # noqa: E731
+    step = lambda m: nn.functional.mse_loss(m(x), y).backward()  # noqa: E731  (a one-line helper, read beside its only use)
     return {"numels": [p.numel() for p in base.parameters()],
             **{kind: message_sizes(kind, wrap_rung(kind, copy.deepcopy(base)), step) for kind in RUNGS}}
 

@@ -186,3 +186,11 @@ def test_every_module_has_a_test_file_or_a_named_cover(module):
                if re.search(rf"``({re.escape(module)}|{re.escape(package)}\.\*)``",
                             ast.get_docstring(ast.parse(t.read_text())) or "")]
     assert covered, f"{module}: no tests/**/test_{name}.py, and no test file's docstring names it"
+
+
+def test_every_noqa_says_why():
+    bare = re.compile(r"#\s*noqa(:\s*[A-Z]+[0-9]+(,\s*[A-Z]+[0-9]+)*)?\s*$")
+    found = [f"{path.relative_to(ROOT)}:{i}" for path in [*PKG.rglob("*.py"), *TESTS.rglob("*.py"),
+                                                         *(ROOT / "docs").glob("*.py")]
+             for i, line in enumerate(path.read_text().splitlines(), 1) if bare.search(line)]
+    assert not found, "a # noqa without its reason: " + ", ".join(found)

@@ -21,3 +21,19 @@ def test_error_summary_names_type_rank_and_phrases():
     assert error_summary(ValueError("x must be set")) == "ValueError"
     with pytest.raises(AssertionError, match="(?s)lacks \\['hang'\\].*Timed out waiting"):
         error_summary(err, "Timed out", "hang")
+
+
+def test_short_paths_hides_the_checkout_the_environment_and_named_folders(tmp_path):
+    import sysconfig
+    from pathlib import Path
+
+    import ddp_tutorial
+    from ddp_tutorial.nbtools import short_paths
+
+    checkout = Path(ddp_tutorial.__file__).resolve().parent.parent
+    packages = sysconfig.get_paths()["purelib"]
+    text = (f'File "{packages}/torch/x.py", line 1\nFile "{checkout}/ddp_tutorial/cluster/elastic.py"\n'
+            f"error_file: {tmp_path}/logs/error.json")
+    assert short_paths(text, workdir=tmp_path) == ('File "<site-packages>/torch/x.py", line 1\n'
+                                                   'File "ddp_tutorial/cluster/elastic.py"\n'
+                                                   "error_file: <workdir>/logs/error.json")

@@ -19,7 +19,7 @@ from ddp_tutorial.cluster.jobs import script_path
 from ddp_tutorial.launch import torchrun
 
 sys.path.insert(0, os.path.dirname(__file__))
-from slurm_cluster import SlurmUnavailable, slurm_cluster  # noqa: E402
+from slurm_cluster import SlurmUnavailable, slurm_cluster  # noqa: E402  (after the sys.path line above)
 
 # one worker for the Slurm tests (one throwaway cluster at a time);
 # make slurm-test runs test_elastic.py beside them on the other worker

@@ -11,7 +11,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from slurm_cluster import leftover_processes, slurm_cluster  # noqa: E402
+from slurm_cluster import leftover_processes, slurm_cluster  # noqa: E402  (after the sys.path line above)
 
 # with test_slurm.py: one throwaway cluster at a time
 pytestmark = pytest.mark.xdist_group("slurm")

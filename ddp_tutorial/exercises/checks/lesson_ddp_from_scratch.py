@@ -41,7 +41,7 @@ def grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tens
 
 def compare(got: torch.Tensor | None, want: torch.Tensor, local: torch.Tensor, n: int) -> str | None:
     """What ``got`` is, when it is not the mean ``want`` (``local``: this rank's own gradient)."""
-    close = lambda a, b: torch.allclose(a, b, rtol=1e-9, atol=1e-12)  # noqa: E731
+    close = lambda a, b: torch.allclose(a, b, rtol=1e-9, atol=1e-12)  # noqa: E731  (a one-line helper, read beside its only use)
     if got is None:
         return "is None after finish()"
     if got.shape == want.shape and close(got, want):

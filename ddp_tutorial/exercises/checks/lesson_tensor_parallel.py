@@ -21,7 +21,7 @@ SHAPES = [(3, 5, 2, 4), (1, 3, 1, 2), (4, 6, 3, 1)]
 
 def weights(batch: int, d_in: int, hidden: int, d_out: int, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731  (a one-line helper, read beside its only use)
     return {"x": r(batch, d_in), "w1": r(hidden, d_in), "b1": r(hidden), "w2": r(d_out, hidden),
             "b2": r(d_out) + 3.0}  # a bias far from 0: adding it n times shows
 

@@ -42,7 +42,7 @@ def diagnose(got: list[float], want: list[float], mine: list[float], world_size:
     """Which of the three sums is wrong, and the likely mistake."""
     text = (f"got (loss sum, correct, count) = ({got[0]:.6g}, {got[1]:g}, {got[2]:g}); one process scoring "
             f"all {int(want[2])} samples gets ({want[0]:.6g}, {want[1]:g}, {want[2]:g}).")
-    close = lambda a, b: all(abs(u - v) <= 1e-9 * max(1.0, abs(v)) for u, v in zip(a, b))  # noqa: E731
+    close = lambda a, b: all(abs(u - v) <= 1e-9 * max(1.0, abs(v)) for u, v in zip(a, b))  # noqa: E731  (a one-line helper, read beside its only use)
     if world_size > 1 and close(got, mine) and not close(mine, want):
         return text + (" These are this rank's own sums: all_reduce them (SUM) so that every rank has the "
                        "whole test set's totals")
