@@ -11,6 +11,22 @@ One module per subcommand (``launch``, ...), each exposing:
 ``12_performance`` draws its figures from saved ``--json`` runs.
 """
 
+import importlib
+from types import ModuleType
+
 from ddp_tutorial.bench.common import Result, format_table, timed
 
-__all__ = ["Result", "format_table", "timed"]
+__all__ = ["Result", "format_table", "timed", "MODULES", "SUBCOMMANDS", "subcommand"]
+
+# Subcommand -> module in this package, in the order ``all`` runs them. Each lesson's benchmark
+# lives in its own module, named for what it measures (not after the part it measures).
+MODULES = {"launch": "launch", "allreduce": "allreduce", "ddp": "ddp", "pipeline": "microbatch",
+           "collectives": "collective_bw", "dp": "dp", "train": "scaling", "sharding": "footprint"}
+SUBCOMMANDS = list(MODULES)
+
+
+def subcommand(name: str) -> ModuleType:
+    """The module of ``python -m ddp_tutorial.bench NAME``; its ``plot()`` draws a saved result."""
+    if name not in MODULES:
+        raise ValueError(f"no benchmark {name!r}; the subcommands are: {', '.join(SUBCOMMANDS)}")
+    return importlib.import_module(f"{__name__}.{MODULES[name]}")

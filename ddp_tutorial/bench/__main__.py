@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import platform
@@ -11,22 +10,14 @@ import shlex
 import sys
 import time
 
-# Subcommand -> module in this package, in the order ``all`` runs them. Each lesson's benchmark
-# lives in its own module, named for what it measures (not after the part it measures).
-MODULES = {"launch": "launch", "allreduce": "allreduce", "ddp": "ddp", "pipeline": "microbatch",
-           "collectives": "collective_bw", "dp": "dp", "train": "scaling", "sharding": "footprint"}
-SUBCOMMANDS = list(MODULES)
-
-
-def _load(name: str):
-    return importlib.import_module(f"ddp_tutorial.bench.{MODULES[name]}")
+from ddp_tutorial.bench import SUBCOMMANDS, subcommand
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS + ["all"]:
-        module = None if name == "all" else _load(name)
+        module = None if name == "all" else subcommand(name)
         p = sub.add_parser(name, help=module.HELP if module else "every benchmark, one after another")
         p.add_argument("--json", metavar="PATH", help="also write the results as JSON ('-' for stdout)")
         p.add_argument("--plot", metavar="PATH", help="also save a matplotlib figure (PNG)")
@@ -39,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     started, load_before = time.monotonic(), _loadavg()
     results, modules = [], []
     for name in names:
-        module = _load(name)
+        module = subcommand(name)
         if args.command == "all":  # defaults of each subcommand's own options
             sub_args = sub.choices[name].parse_args([])
         else:

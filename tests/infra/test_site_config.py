@@ -81,7 +81,7 @@ def test_plain_docstrings_read_as_restructuredtext():
 
 
 def test_benchmark_commands_name_real_subcommands():
-    from ddp_tutorial.bench.__main__ import SUBCOMMANDS
+    from ddp_tutorial.bench import SUBCOMMANDS
 
     shown = [c.args.split()[0] for cs in lessons.COMMANDS.values() for c in cs if c.module == "bench"]
     assert shown and set(shown) <= set(SUBCOMMANDS) | {"all"}, shown
