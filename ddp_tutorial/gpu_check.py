@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddp_tutorial.nbtools import GPU_REPORTS, LESSONS_HEADING, lesson_section
+from ddp_tutorial.nbtools import GPU_REPORTS, LESSONS_HEADING, lesson_section, shown_on_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = "build/gpu-check"
@@ -109,12 +109,12 @@ SUITES = [
 ]
 
 
-def notebook_items(root: Path = ROOT) -> list[Item]:
+def notebook_items(out: str = OUT, root: Path = ROOT) -> list[Item]:
     """``make notebooks`` one lesson at a time into build/gpu-check/notebooks, never the committed ones.
 
     A failing assert, or any error in a cell not tagged ``raises-exception``, fails the lesson."""
     return [Item(f"lesson {nb.stem} executes, its asserts hold", 1, (
-        "{python}", "-m", "nbconvert", "--to", "notebook", "--execute", "--output-dir", f"{OUT}/notebooks",
+        "{python}", "-m", "nbconvert", "--to", "notebook", "--execute", "--output-dir", f"{out}/notebooks",
         "--ExecutePreprocessor.timeout=600", "--ExecutePreprocessor.record_timing=False",
         f"notebooks/{nb.name}"), timeout=1200) for nb in sorted((root / "notebooks").glob("*.ipynb"))]
 
@@ -152,34 +152,6 @@ def run_item(item: Item, gpus: int, logs: Path = ROOT / OUT / "logs") -> Result:
     why = judge(item, code, output)
     tail = "\n".join(output.rstrip().splitlines()[-40:] + [f"-> {why}"]) if why else ""
     return Result(item.name, "FAILED" if why else "passed", seconds, tail)
-
-
-def cell_text(cell: dict) -> str:
-    """What a notebook cell printed: its streams, its result's text and its error (not the source
-    listings, figures and other displays beside them)."""
-    parts = []
-    for out in cell.get("outputs", []):
-        if out["output_type"] == "stream":
-            parts.append("".join(out["text"]))
-        elif out["output_type"] == "execute_result":
-            parts.append("".join(out["data"].get("text/plain", "")) + "\n")
-        elif out["output_type"] == "error":
-            parts.append(f"{out['ename']}: {out['evalue']}\n")
-    return "".join(parts)
-
-
-def shown_on_gpu(notebook: dict) -> dict[str, str]:
-    """Lesson -> the output of the code cell above each ``gpu_run_output("lesson")`` cell."""
-    found, above = {}, None
-    for cell in notebook["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"])
-        for lesson in re.findall(r"gpu_run_output\(\s*[\"'](\w+)[\"']", source):
-            if above is not None:
-                found[lesson] = cell_text(above)
-        above = cell
-    return found
 
 
 def machine(names: list[str]) -> dict[str, str]:
@@ -240,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.gpu_check", description=__doc__.split("\n")[0])
     parser.add_argument("--list", action="store_true", help="list the items and the GPUs each needs")
     parser.add_argument("--only", action="append", metavar="TEXT", help="run the items whose name holds TEXT")
+    parser.add_argument("--out", default=OUT, help=f"the report, logs and executed lessons (default {OUT})")
     args = parser.parse_args(argv)
-    items = [i for i in ITEMS + notebook_items() + SUITES if not args.only or any(t in i.name for t in args.only)]
+    out = ROOT / args.out
+    items = [i for i in ITEMS + notebook_items(str(out)) + SUITES if not args.only or any(t in i.name for t in args.only)]
     if args.list:
         for item in items:
             print(f"{item.min_gpus} GPU(s)  {item.name}")
@@ -255,20 +229,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = [torch.cuda.get_device_name(i) for i in range(gpus)]
     info, results = machine(names), []
-    shutil.rmtree(ROOT / OUT, ignore_errors=True)  # no lesson output or log of an earlier run
-    print(f"gpu-check: {len(items)} items on {info['GPUs']}; each one's output in {OUT}/logs/", flush=True)
+    shutil.rmtree(out, ignore_errors=True)  # no lesson output or log of an earlier run
+    print(f"gpu-check: {len(items)} items on {info['GPUs']}; each one's output in {args.out}/logs/", flush=True)
     for n, item in enumerate(items, 1):
-        results.append(run_item(item, gpus))
+        results.append(run_item(item, gpus, out / "logs"))
         r = results[-1]
         print(f"[{n}/{len(items)}] {r.status:12s} {'' if r.seconds is None else f'{r.seconds:7.1f} s'}  {r.name}",
               flush=True)
     lessons = {}
-    for nb in sorted((ROOT / OUT / "notebooks").glob("*.ipynb")):
+    for nb in sorted((out / "notebooks").glob("*.ipynb")):
         lessons.update(shown_on_gpu(json.loads(nb.read_text())))
     today = datetime.date.today()
-    path = ROOT / OUT / "report.md"
-    path.write_text(report(info, results, lessons, today))
-    print("\n" + table(results) + f"\n\nthe report: {OUT}/report.md; commit it as "
+    (out / "report.md").write_text(report(info, results, lessons, today))
+    print("\n" + table(results) + f"\n\nthe report: {args.out}/report.md; commit it as "
           f"{GPU_REPORTS}/{report_name(today, names)}")
     return 1 if any(r.status == "FAILED" for r in results) else 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -122,8 +123,6 @@ def lesson_section(lesson: str, output: str) -> str:
 
 def lesson_outputs(report: str) -> dict[str, str]:
     """Lesson name -> its GPU output, from the sections under LESSONS_HEADING of a report's text."""
-    import re
-
     _, found, lessons = report.partition(LESSONS_HEADING + "\n")
     if not found:
         return {}
@@ -132,9 +131,37 @@ def lesson_outputs(report: str) -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(pattern, lessons, flags=re.M | re.S)}
 
 
+def cell_text(cell: dict) -> str:
+    """What a notebook cell printed: its streams, its result's text and its error (not the source
+    listings, figures and other displays beside them)."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out["output_type"] == "stream":
+            parts.append("".join(out["text"]))
+        elif out["output_type"] == "execute_result":
+            parts.append("".join(out["data"].get("text/plain", "")) + "\n")
+        elif out["output_type"] == "error":
+            parts.append(f"{out['ename']}: {out['evalue']}\n")
+    return "".join(parts)
+
+
+def shown_on_gpu(notebook: dict) -> dict[str, str]:
+    """Lesson -> the output of the code cell above each ``gpu_run_output("lesson")`` cell of an
+    executed notebook (its JSON): what ``make gpu-check`` records for the lesson."""
+    found, above = {}, None
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        for lesson in re.findall(r"gpu_run_output\(\s*[\"'](\w+)[\"']", source):
+            if above is not None:
+                found[lesson] = cell_text(above)
+        above = cell
+    return found
+
+
 def latest_gpu_report(folder: str | None = None) -> Any:
     """The newest committed report (``<YYYY-MM-DD>-<gpu>.md``, the date first), or None."""
-    import re
     from pathlib import Path
 
     import ddp_tutorial

@@ -133,7 +133,7 @@ def test_shown_on_gpu_takes_what_the_code_cell_above_printed():
     nb = notebook(("first()", [nbformat.v4.new_output("stream", name="stdout", text="not this\n")]),
                   ("show_source(f)\nrun()", [listing, stream, result]),
                   ('gpu_run_output("06_ddp_spawn")', []))
-    assert gpu_check.shown_on_gpu(nb) == {"06_ddp_spawn": "[rank 0] on cuda:0\n'nccl'\n"}
+    assert nbtools.shown_on_gpu(nb) == {"06_ddp_spawn": "[rank 0] on cuda:0\n'nccl'\n"}
 
 
 @pytest.mark.parametrize("lesson", LESSONS_WITH_A_GPU_CELL)
@@ -145,7 +145,7 @@ def test_the_lessons_show_their_gpu_run_beside_the_cpu_one(lesson):
     assert "nbval-ignore-output" in nb.cells[calls[0]].metadata.get("tags", [])
     fake = {"cells": [dict(c, outputs=[nbformat.v4.new_output("stream", name="stdout", text=f"cell {k}\n")])
                       if c.cell_type == "code" else c for k, c in enumerate(nb.cells)]}
-    assert gpu_check.shown_on_gpu(fake) == {lesson: f"cell {calls[0] - 1}\n"}
+    assert nbtools.shown_on_gpu(fake) == {lesson: f"cell {calls[0] - 1}\n"}
 
 
 def test_gpu_run_output_without_a_report_prints_one_stable_line(tmp_path, capsys):
@@ -178,3 +178,35 @@ def test_list_shows_every_item_with_the_gpus_it_needs(capsys):
     assert gpu_check.main(["--list", "--only", "4 GPUs"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"4 GPU(s)  {i.name}" for i in ITEMS if "4 GPUs" in i.name] and len(lines) == 6
+
+
+def test_main_on_a_fake_one_gpu_machine_runs_every_item_and_writes_the_report(tmp_path, monkeypatch, capsys):
+    """The whole run with CUDA faked and fake items: one passes (and leaves an executed lesson),
+    one fails, one needs 2 GPUs; every item runs, the report has the table and the lesson's output."""
+    out = tmp_path / "out"
+    lesson = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('on cuda:0')"),
+                                             nbformat.v4.new_code_cell('gpu_run_output("01_data_parallel")')])
+    lesson.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="on cuda:0\n")]
+    write = (f"import os, sys; os.makedirs({str(out / 'notebooks')!r}); "
+             f"open({str(out / 'notebooks' / 'x.ipynb')!r}, 'w').write(sys.argv[1]); print('OK: lesson')")
+    items = [Item("fails first", 1, ("{python}", "-c", "raise SystemExit(2)")),
+             Item("writes a lesson", 1, ("{python}", "-c", write, nbformat.writes(lesson)), ("OK: ",)),
+             Item("wants two", 2, ("{python}", "-c", "raise SystemExit(5)"))]
+    monkeypatch.setattr(gpu_check, "ITEMS", items)
+    monkeypatch.setattr(gpu_check, "SUITES", [])
+    monkeypatch.setattr(gpu_check, "notebook_items", lambda out: [])
+    monkeypatch.setattr(gpu_check, "machine", lambda names: dict(INFO, GPUs=f"{len(names)} x {names[0]}"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Fake GPU")
+    assert gpu_check.main(["--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "| fails first | FAILED |" in printed and "| wants two | needs 2 GPUs |  |" in printed
+    assert f"commit it as docs/gpu-check/{gpu_check.report_name(datetime.date.today(), ['Fake GPU'])}" in printed
+    text = (out / "report.md").read_text()
+    assert text.startswith("# make gpu-check on 1 x Fake GPU, ")
+    assert "1 passed, 1 failed, 1 wait for a machine with more GPUs." in text
+    assert re.search(r"^\| writes a lesson \| passed \| \d+\.\d \|$", text, re.M)
+    assert "### fails first\n\n````text\n-> exit code 2\n````" in text
+    assert nbtools.lesson_outputs(text) == {"01_data_parallel": "on cuda:0"}
+    assert sorted(p.name for p in (out / "logs").iterdir()) == ["fails_first.log", "writes_a_lesson.log"]
