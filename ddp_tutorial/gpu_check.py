@@ -19,7 +19,7 @@ import datetime
 import json
 import os
 import re
-import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -140,11 +140,16 @@ def run_item(item: Item, gpus: int, logs: Path = ROOT / OUT / "logs") -> Result:
     env = dict(os.environ, DDP_TUTORIAL_EXERCISES_FRESH="1", PYTHONHASHSEED="0")
     env.setdefault("OMP_NUM_THREADS", "1")
     start = time.perf_counter()
-    try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=item.timeout)
-        code, output = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as err:
-        code, output = 124, f"{err.stdout or ''}{err.stderr or ''}\ntimed out after {item.timeout:.0f} s"
+    # its own session, so that a timeout (or Ctrl-C) ends the ranks and test workers it started too
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, start_new_session=True) as proc:
+        try:
+            output, code = proc.communicate(timeout=item.timeout)[0], proc.returncode
+        except BaseException as err:
+            os.killpg(proc.pid, signal.SIGKILL)
+            if not isinstance(err, subprocess.TimeoutExpired):
+                raise
+            output, code = proc.communicate()[0] + f"\ntimed out after {item.timeout:.0f} s", 124
     seconds = time.perf_counter() - start
     log = logs / (re.sub(r"\W+", "_", item.name)[:80] + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +175,8 @@ def machine(names: list[str]) -> dict[str, str]:
                                 text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else "none"
+    nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else "none"
+    nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)  # (2, 21, 5); an int in old releases
     return {"GPUs": f"{len(names)} x {', '.join(sorted(set(names)))}", "GPU names": ", ".join(names),
             "driver": driver or "unknown", "CUDA (torch's)": str(torch.version.cuda), "NCCL": nccl,
             "torch": torch.__version__, "Python": platform.python_version(), "CPU cores": str(os.cpu_count()),
@@ -204,7 +210,7 @@ def report(info: dict[str, str], results: list[Result], lessons: dict[str, str],
         for r in failed:
             lines += [f"### {r.name}", "", "````text", r.tail, "````", ""]
     lines += [LESSONS_HEADING, ""]
-    lines += [lesson_section(lesson, text) for lesson, text in sorted(lessons.items())]
+    lines += [lesson_section(lesson, text) for lesson, text in sorted(lessons.items())] or ["(no lesson ran)"]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -229,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = [torch.cuda.get_device_name(i) for i in range(gpus)]
     info, results = machine(names), []
-    shutil.rmtree(out, ignore_errors=True)  # no lesson output or log of an earlier run
+    for old in (out / "notebooks", out / "logs"):  # no lesson output or log of an earlier run
+        for path in old.glob("*"):
+            path.unlink()
     print(f"gpu-check: {len(items)} items on {info['GPUs']}; each one's output in {args.out}/logs/", flush=True)
     for n, item in enumerate(items, 1):
         results.append(run_item(item, gpus, out / "logs"))

@@ -13,6 +13,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -210,3 +211,22 @@ def test_main_on_a_fake_one_gpu_machine_runs_every_item_and_writes_the_report(tm
     assert "### fails first\n\n````text\n-> exit code 2\n````" in text
     assert nbtools.lesson_outputs(text) == {"01_data_parallel": "on cuda:0"}
     assert sorted(p.name for p in (out / "logs").iterdir()) == ["fails_first.log", "writes_a_lesson.log"]
+
+
+def test_a_timed_out_item_fails_and_takes_the_processes_it_started_with_it(tmp_path):
+    started = ("import subprocess, sys, time\n"
+               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+               "print('child', child.pid, flush=True)\n"
+               "time.sleep(120)\n")
+    result = gpu_check.run_item(Item("slow", 1, ("{python}", "-c", started), timeout=5), 1, tmp_path)
+    assert result.status == "FAILED" and result.tail.endswith("timed out after 5 s\n-> exit code 124")
+    pid = int(re.search(r"child (\d+)", (tmp_path / "slow.log").read_text()).group(1))
+    for _ in range(100):  # SIGKILL is delivered at once; the zombie may wait for its reaper
+        try:
+            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text():
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the item's child {pid} outlived it")
