@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -126,7 +127,6 @@ def lesson_outputs(report: str) -> dict[str, str]:
     _, found, lessons = report.partition(LESSONS_HEADING + "\n")
     if not found:
         return {}
-    lessons = re.split(r"^## ", lessons, flags=re.M)[0]  # up to the next second-level heading
     pattern = rf"^### (\S+)\n\n{_FENCE}text\n(.*?)\n?{_FENCE}$"
     return {m.group(1): m.group(2) for m in re.finditer(pattern, lessons, flags=re.M | re.S)}
 
@@ -160,10 +160,8 @@ def shown_on_gpu(notebook: dict) -> dict[str, str]:
     return found
 
 
-def latest_gpu_report(folder: str | None = None) -> Any:
+def latest_gpu_report(folder: str | None = None) -> Path | None:
     """The newest committed report (``<YYYY-MM-DD>-<gpu>.md``, the date first), or None."""
-    from pathlib import Path
-
     import ddp_tutorial
 
     where = Path(folder) if folder else Path(ddp_tutorial.__file__).resolve().parent.parent / GPU_REPORTS
