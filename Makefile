@@ -1,6 +1,8 @@
 # ddp-tutorial: every target creates .venv when it is missing and installs into it.
 #   make demo       2-process DDP training on digits via torchrun on CPU
 #   make doctor     can this machine run the course? (python -m ddp_tutorial)
+#   make gpu-check  on a machine with CUDA GPUs: every check of the README's 'Checked on a GPU' that its GPU
+#                   count allows, a table, build/gpu-check/report.md (without CUDA: one line, exit 0)
 #   make test       lint, unit tests, then nbval over every notebook (the README's test command)
 #   make lint       ruff over the package, tests and docs (seconds; pyproject.toml [tool.ruff])
 #   make unit       the unit and multi-process tests alone (tests/, two files at a time)
@@ -26,7 +28,7 @@ export PYTHONHASHSEED = 0
 # `make lab` checks the learner's copies.
 unit nbval nbval-portable notebooks: export DDP_TUTORIAL_EXERCISES_FRESH = 1
 
-.PHONY: install demo test lint unit nbval nbval-portable lab notebooks bench bench-reference doctor clean slurm-test
+.PHONY: install demo test lint unit nbval nbval-portable lab notebooks bench bench-reference doctor gpu-check clean slurm-test
 
 install: $(STAMP)
 
@@ -94,6 +96,11 @@ bench-reference: $(STAMP)
 
 doctor: $(STAMP)
 	$(PY) -m ddp_tutorial
+
+# Not part of `make test`: it runs make unit, make nbval and every lesson itself, on the GPUs
+# (ddp_tutorial/gpu_check.py holds the items; the README's "Checked on a GPU" says what to commit).
+gpu-check: $(STAMP)
+	$(PY) -m ddp_tutorial.gpu_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -14,8 +14,9 @@ course's parts, in order; each part's ``__init__`` lists its modules with their 
 - ``pitfalls`` (11), ``bench`` (12), ``exercises``, ``plots``: on top of the parts
 
 Shared by all: ``env`` (rank, local rank, world size, backend, device), ``launch`` (the one
-way processes start), ``models``, ``timing``, ``nbtools`` and ``doctor``
-(``python -m ddp_tutorial``: can this machine run the course?).
+way processes start), ``models``, ``timing``, ``nbtools``, ``doctor``
+(``python -m ddp_tutorial``: can this machine run the course?) and ``gpu_check``
+(``python -m ddp_tutorial.gpu_check``, ``make gpu-check``: does the whole course run on its GPUs?).
 """
 
 __version__ = "0.1.0"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -102,3 +104,84 @@ def short_paths(text: str, **folders: str) -> str:
     for old in sorted(replace, key=len, reverse=True):  # the longest first: a venv inside the checkout
         text = text.replace(old, replace[old])
     return text
+
+
+# What lessons 01, 06, 10 and 13 printed on a GPU machine (issue 25): ``make gpu-check`` runs the
+# lessons there and writes the output of the cell above each ``gpu_run_output`` call into its report,
+# one ``### <lesson>`` section under LESSONS_HEADING; a report committed as
+# docs/gpu-check/<date>-<gpu>.md is what the lesson's cell shows. The ONE home of that format.
+GPU_REPORTS = "docs/gpu-check"
+LESSONS_HEADING = "## What the lessons printed on the GPU"
+_FENCE = "````"  # four backticks: a lesson's output may hold a three-backtick fence
+NO_GPU_RUN = ("no GPU run is recorded yet: `make gpu-check` on a machine with CUDA GPUs runs the lessons there, "
+              f"and its report, committed in {GPU_REPORTS}/, shows here what this lesson printed")
+
+
+def lesson_section(lesson: str, output: str) -> str:
+    """The report's section for one lesson's GPU output (``lesson_outputs`` reads it back)."""
+    return f"### {lesson}\n\n{_FENCE}text\n{output.rstrip()}\n{_FENCE}\n"
+
+
+def lesson_outputs(report: str) -> dict[str, str]:
+    """Lesson name -> its GPU output, from the sections under LESSONS_HEADING of a report's text."""
+    _, found, lessons = report.partition(LESSONS_HEADING + "\n")
+    if not found:
+        return {}
+    pattern = rf"^### (\S+)\n\n{_FENCE}text\n(.*?)\n?{_FENCE}$"
+    return {m.group(1): m.group(2) for m in re.finditer(pattern, lessons, flags=re.M | re.S)}
+
+
+def cell_text(cell: dict) -> str:
+    """What a notebook cell printed: its streams, its result's text and its error (not the source
+    listings, figures and other displays beside them)."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out["output_type"] == "stream":
+            parts.append("".join(out["text"]))
+        elif out["output_type"] == "execute_result":
+            parts.append("".join(out["data"].get("text/plain", "")) + "\n")
+        elif out["output_type"] == "error":
+            parts.append(f"{out['ename']}: {out['evalue']}\n")
+    return "".join(parts)
+
+
+def shown_on_gpu(notebook: dict) -> dict[str, str]:
+    """Lesson -> the output of the code cell above each ``gpu_run_output("lesson")`` cell of an
+    executed notebook (its JSON): what ``make gpu-check`` records for the lesson."""
+    found, above = {}, None
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        for lesson in re.findall(r"gpu_run_output\(\s*[\"'](\w+)[\"']", source):
+            if above is not None:
+                found[lesson] = cell_text(above)
+        above = cell
+    return found
+
+
+def latest_gpu_report(folder: str | None = None) -> Path | None:
+    """The newest committed report (``<YYYY-MM-DD>-<gpu>.md``, the date first), or None."""
+    import ddp_tutorial
+
+    where = Path(folder) if folder else Path(ddp_tutorial.__file__).resolve().parent.parent / GPU_REPORTS
+    reports = sorted(p for p in where.glob("*.md") if re.fullmatch(r"\d{4}-\d{2}-\d{2}-.+\.md", p.name))
+    return reports[-1] if reports else None
+
+
+def gpu_run_output(lesson: str, folder: str | None = None) -> None:
+    """Print what the cell above this call printed on the GPU machine of the newest report.
+
+    One stable line when no report is committed, so the stored output is the same everywhere.
+    """
+    report = latest_gpu_report(folder)
+    if report is None:
+        print(NO_GPU_RUN)
+        return
+    text = report.read_text()
+    machine = text.splitlines()[0].lstrip("# ")
+    output = lesson_outputs(text).get(lesson)
+    if output is None:
+        print(f"{GPU_REPORTS}/{report.name} ({machine}) has no output of {lesson}: see its table of results")
+        return
+    print(f"{GPU_REPORTS}/{report.name} ({machine}):\n{output}")

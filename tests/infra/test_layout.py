@@ -20,7 +20,7 @@ TESTS = ROOT / "tests"
 # training (the loop, data, checkpoints) sits under data_parallel: lesson 06 saves its checkpoint and
 # samples its data with training's helpers, and the training program uses torch's DDP, not the lessons'.
 PARTS = ("comm", "training", "data_parallel", "cluster", "pipeline_parallel", "sharding", "tensor_parallel")
-SHARED = {"__init__", "__main__", "doctor", "nbtools", "timing", "models"}
+SHARED = {"__init__", "__main__", "doctor", "gpu_check", "nbtools", "timing", "models"}
 BOTTOM = ("env", "launch")  # every part may use them; they use no part
 TOP = ("pitfalls", "bench", "exercises", "plots")  # may use any part; no part uses them
 # paired on purpose: a stub and its solution share the learner's file name
