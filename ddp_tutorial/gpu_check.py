@@ -19,13 +19,13 @@ import datetime
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddp_tutorial.launch import run_command
 from ddp_tutorial.nbtools import GPU_REPORTS, LESSONS_HEADING, lesson_section, shown_on_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,16 +140,11 @@ def run_item(item: Item, gpus: int, logs: Path = ROOT / OUT / "logs") -> Result:
     env = dict(os.environ, DDP_TUTORIAL_EXERCISES_FRESH="1", PYTHONHASHSEED="0")
     env.setdefault("OMP_NUM_THREADS", "1")
     start = time.perf_counter()
-    # its own session, so that a timeout (or Ctrl-C) ends the ranks and test workers it started too
-    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, start_new_session=True) as proc:
-        try:
-            output, code = proc.communicate(timeout=item.timeout)[0], proc.returncode
-        except BaseException as err:
-            os.killpg(proc.pid, signal.SIGKILL)
-            if not isinstance(err, subprocess.TimeoutExpired):
-                raise
-            output, code = proc.communicate()[0] + f"\ntimed out after {item.timeout:.0f} s", 124
+    try:  # launch.run_command: its own session, so a timeout (or Ctrl-C) ends what it started too
+        result = run_command(command, timeout=item.timeout, env=env, name=item.name, cwd=str(ROOT))
+        output, code = result.output, result.returncode
+    except TimeoutError as err:
+        output, code = f"{err}\ntimed out after {item.timeout:.0f} s", 124
     seconds = time.perf_counter() - start
     log = logs / (re.sub(r"\W+", "_", item.name)[:80] + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)

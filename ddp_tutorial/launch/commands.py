@@ -109,7 +109,7 @@ def _also_shown(view: LiveView, name: str, on_line: OnLine | None) -> OnLine:
 
 
 def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, name: str = "",
-                on_line: OnLine | None = None, status: str | None = None) -> TorchrunResult:
+                on_line: OnLine | None = None, status: str | None = None, cwd: str | None = None) -> TorchrunResult:
     """Run ``cmd`` (a launcher) with its output captured; stop it and all it started on a timeout or Ctrl-C.
 
     The command runs in a session of its own, unbuffered (``PYTHONUNBUFFERED``), so
@@ -126,18 +126,19 @@ def run_command(cmd: Sequence[str], *, timeout: float, env: dict | None = None, 
         view.status(status)
         on_line = _also_shown(view, name, on_line)
     try:
-        return _run(cmd, timeout, env, name, on_line)
+        return _run(cmd, timeout, env, name, on_line, cwd)
     finally:
         if view is not None:
             view.close()
 
 
-def _run(cmd: Sequence[str], timeout: float, env: dict | None, name: str, on_line: OnLine | None) -> TorchrunResult:
+def _run(cmd: Sequence[str], timeout: float, env: dict | None, name: str, on_line: OnLine | None,
+         cwd: str | None = None) -> TorchrunResult:
     """``run_command`` without the status line."""
     __tracebackhide__ = True
     run_env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1", **PLAIN_TEXT)
     proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=run_env,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
     reader = _Lines(proc, on_line)
     deadline = time.monotonic() + timeout
     try:
