@@ -45,7 +45,9 @@ class Item:
 
 
 @dataclass(frozen=True)
-class Result:
+class ItemResult:
+    """What one item gave: passed, FAILED (with its output's tail) or needs N GPUs."""
+
     name: str
     status: str  # "passed", "FAILED" or "needs N GPUs"
     seconds: float | None = None
@@ -132,10 +134,10 @@ def needs(item: Item, gpus: int) -> str:
     return f"needs {item.min_gpus} GPUs" if gpus < item.min_gpus else ""
 
 
-def run_item(item: Item, gpus: int, logs: Path = ROOT / OUT / "logs") -> Result:
+def run_item(item: Item, gpus: int, logs: Path = ROOT / OUT / "logs") -> ItemResult:
     """Run one item (or skip it for want of GPUs); its whole output goes to a file in ``logs``."""
     if needs(item, gpus):
-        return Result(item.name, needs(item, gpus))
+        return ItemResult(item.name, needs(item, gpus))
     command = [sys.executable if part == "{python}" else part for part in item.command]
     env = dict(os.environ, DDP_TUTORIAL_EXERCISES_FRESH="1", PYTHONHASHSEED="0")
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -151,7 +153,7 @@ def run_item(item: Item, gpus: int, logs: Path = ROOT / OUT / "logs") -> Result:
     log.write_text(output)
     why = judge(item, code, output)
     tail = "\n".join(output.rstrip().splitlines()[-40:] + [f"-> {why}"]) if why else ""
-    return Result(item.name, "FAILED" if why else "passed", seconds, tail)
+    return ItemResult(item.name, "FAILED" if why else "passed", seconds, tail)
 
 
 def machine(names: list[str]) -> dict[str, str]:
@@ -178,7 +180,7 @@ def machine(names: list[str]) -> dict[str, str]:
             "commit": commit or "unknown"}
 
 
-def table(results: list[Result]) -> str:
+def table(results: list[ItemResult]) -> str:
     """The results as a Markdown table: item, result, seconds."""
     rows = ["| item | result | seconds |", "|---|---|---:|"]
     rows += [f"| {r.name} | {r.status} | {'' if r.seconds is None else f'{r.seconds:.1f}'} |" for r in results]
@@ -191,7 +193,7 @@ def report_name(date: datetime.date, gpu_names: list[str]) -> str:
     return f"{date.isoformat()}-{len(gpu_names)}x-{gpu}.md"
 
 
-def report(info: dict[str, str], results: list[Result], lessons: dict[str, str], date: datetime.date) -> str:
+def report(info: dict[str, str], results: list[ItemResult], lessons: dict[str, str], date: datetime.date) -> str:
     """The report: its first line names the machine (``nbtools.gpu_run_output`` shows it), then the
     machine, the table, each failure's tail and the lessons' GPU output."""
     failed = [r for r in results if r.status == "FAILED"]

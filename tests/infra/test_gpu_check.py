@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ddp_tutorial import gpu_check, nbtools
-from ddp_tutorial.gpu_check import ITEMS, SUITES, Item, Result
+from ddp_tutorial.gpu_check import ITEMS, SUITES, Item, ItemResult
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL = ITEMS + gpu_check.notebook_items() + SUITES
@@ -70,7 +70,7 @@ def test_needs_lists_items_beyond_the_gpus_present():
     item = Item("tp", 4, ("false",))
     assert [gpu_check.needs(item, gpus) for gpus in (1, 2, 3, 4, 8)] == ["needs 4 GPUs"] * 3 + ["", ""]
     skipped = gpu_check.run_item(item, 2)  # `false` would fail: it is never started
-    assert skipped == Result("tp", "needs 4 GPUs")
+    assert skipped == ItemResult("tp", "needs 4 GPUs")
 
 
 def test_judge_wants_exit_zero_and_every_expected_line():
@@ -88,7 +88,7 @@ def test_run_item_passes_fails_and_keeps_the_log(tmp_path):
     assert bad.status == "FAILED" and bad.tail.splitlines() == ["boom", "-> exit code 3"]
 
 
-RESULTS = [Result("doctor", "passed", 3.04), Result("fsdp", "needs 4 GPUs"), Result("lesson 13", "FAILED", 12.0,
+RESULTS = [ItemResult("doctor", "passed", 3.04), ItemResult("fsdp", "needs 4 GPUs"), ItemResult("lesson 13", "FAILED", 12.0,
                                                                                     "AssertionError\n-> exit code 1")]
 INFO = {"GPUs": "1 x NVIDIA H200", "GPU names": "NVIDIA H200", "driver": "570.1", "CUDA (torch's)": "12.8",
         "torch": "2.8.0"}
