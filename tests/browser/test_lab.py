@@ -37,7 +37,7 @@ import chromium
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTS = ROOT / "tests"
+LAUNCH_WORKERS = ROOT / "tests" / "infra"  # launch_workers: the spawn targets the scratch notebook runs
 SCREENSHOTS = ROOT / "build" / "lab-screenshots"
 NOTEBOOK = "00_start_here.ipynb"
 INTERRUPTED = "LaunchInterrupted: ranks 0-1 stopped, nothing left running"
@@ -45,7 +45,6 @@ INTERRUPTED = "LaunchInterrupted: ranks 0-1 stopped, nothing left running"
 if chromium.missing():  # make lab-test asked for the browser: say what is missing, never skip quietly
     pytest.fail(chromium.missing(), pytrace=False)
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(TESTS))
 from ddp_tutorial.launch import free_port  # noqa: E402  (after the sys.path line above)
 from ddp_tutorial.launch.procs import descendants  # noqa: E402  (after the sys.path line above)
 from ddp_tutorial.pitfalls.strays import alive  # noqa: E402  (after sys.path; alive: exists and is not a zombie)
@@ -296,7 +295,7 @@ def test_the_toolbar_interrupt_stops_a_long_cell_calmly(lab, tmp_path):
     scratch = nbformat.v4.new_notebook(metadata={"kernelspec": {
         "display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}})
     scratch.cells = [
-        nbformat.v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nimport launch_workers as w\n"
+        nbformat.v4.new_code_cell(f"import sys\nsys.path.insert(0, {str(LAUNCH_WORKERS)!r})\nimport launch_workers as w\n"
                                   "from ddp_tutorial.launch import spawn"),
         nbformat.v4.new_code_cell(f"spawn(w.tick, 2, args=(600, {str(pid_dir)!r}), timeout=900)"),
         nbformat.v4.new_code_cell("1 + 1"),
