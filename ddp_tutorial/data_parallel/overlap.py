@@ -178,9 +178,11 @@ def over_simulated_link(rank: int, world_size: int, bandwidth: float = 125e6, bu
     for kind in kinds:
         options = {"bucket_cap_mb": bucket_cap_mb} if kind == "bucketed" else {}
         model = copy.deepcopy(base).to(device)
-        for p in model.parameters():  # registered before the wrapper's hooks, so each fires first
-            p.register_post_accumulate_grad_hook(lambda p, times=ready[kind]: times.append(time.perf_counter()))
         links[kind] = SimulatedLink(bandwidth)
+        for p in model.parameters():  # registered before the wrapper's hooks, so each fires first
+            # How many messages had been sent when this gradient became ready: a count, no clock.
+            p.register_post_accumulate_grad_hook(lambda p, link=links[kind], seen=ready[kind]: seen.append(
+                sum(what == "send" for what, _, _ in link.events)))
         runs[(kind, "step")] = stepper(WRAPPERS[kind](model, link=links[kind], **options), x, y)
         runs[(kind, "local")] = stepper(WRAPPERS[kind](copy.deepcopy(base).to(device), process_group=alone,
                                                        **options), x, y)
@@ -202,7 +204,7 @@ def over_simulated_link(rank: int, world_size: int, bandwidth: float = 125e6, bu
         sent = [(nbytes, t) for what, nbytes, t in links[kind].events if what == "send"]
         result[kind] = {"step": best[(kind, "step")], "local": best[(kind, "local")], "messages": len(sent),
                         "wire": sum(links[kind].wire_seconds(n, world_size) for n, _ in sent),
-                        "early": sum(t < max(ready[kind]) for _, t in sent)}
+                        "early": ready[kind][-1]}  # sent before the last gradient's hooks ran
         links[kind].close()
     del runs
     gc.collect()
