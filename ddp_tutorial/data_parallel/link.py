@@ -27,12 +27,15 @@ __all__ = ["SimulatedLink", "LinkWork"]
 class LinkWork:
     """The handle of one all-reduce on the link: done when the real all-reduce and its wire time both are."""
 
-    def __init__(self, job: Future, result: torch.Tensor):
+    def __init__(self, job: Future, work: dist.Work, result: torch.Tensor):
         self.job = job
+        self.work = work
         self.result = result
 
     def wait(self) -> bool:
-        self.job.result()  # re-raises the all-reduce's error, if it had one
+        self.job.result()  # the wire time is over (and its error re-raised, if it had one)
+        # In the caller's thread: with NCCL this orders the caller's CUDA stream after the all-reduce.
+        self.work.wait()
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -63,16 +66,18 @@ class SimulatedLink:
         seconds = self.wire_seconds(nbytes, dist.get_world_size(group))
         self.events.append(("send", nbytes, time.perf_counter()))
         work = dist.all_reduce(tensor, group=group, async_op=True)  # issued here, in order, on every rank
-        handle = LinkWork(self.wire.submit(self._carry, work, nbytes, seconds), tensor)
+        job = self.wire.submit(self._carry, work if tensor.device.type == "cpu" else None, nbytes, seconds)
+        handle = LinkWork(job, work, tensor)
         if async_op:
             return handle
         handle.wait()
         return None
 
-    def _carry(self, work: dist.Work, nbytes: int, seconds: float) -> None:
+    def _carry(self, work: dist.Work | None, nbytes: int, seconds: float) -> None:
         self.events.append(("on wire", nbytes, time.perf_counter()))
         time.sleep(seconds)
-        work.wait()
+        if work is not None:  # gloo: off the wire once the bytes arrived (a CUDA work is waited by the caller)
+            work.wait()
         self.events.append(("off wire", nbytes, time.perf_counter()))
 
     def close(self) -> None:
