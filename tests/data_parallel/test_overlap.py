@@ -17,6 +17,7 @@ from ddp_tutorial.data_parallel.overlap import (
     RUNGS,
     exposed_communication,
     exposed_report,
+    link_report,
     message_sizes,
     over_simulated_link,
     slowest_rank,
@@ -147,3 +148,18 @@ def test_plot_exposed_draws_a_pair_of_bars_per_wrapper():
     heights = [round(bar.get_height(), 6) for bar in ax.patches]
     assert heights == [8.0, 4.0, 3.0, 3.0]  # exposed bars first, then the wire bars
     assert [t.get_text() for t in ax.get_xticklabels()] == ["FlatDDP", "BucketedDDP"]
+
+
+def test_link_report_and_plot_compare_each_step_with_flat_ddp():
+    import matplotlib
+    matplotlib.use("Agg")
+    from ddp_tutorial.plots import plot_link_steps
+
+    timed = {"flat": {"step": 0.050, "local": 0.020, "wire": 0.030, "messages": 1},
+             "bucketed": {"step": 0.035, "local": 0.020, "wire": 0.030, "messages": 13}}
+    lines = link_report(timed).splitlines()
+    assert lines[0] == "bare model, no communication: step   20.00 ms"
+    assert lines[2].startswith("BucketedDDP  step   35.00 ms, 13 message(s), 30.00 ms on the wire;")
+    assert lines[2].endswith("15.00 ms shorter than FlatDDP's")
+    ax = plot_link_steps(timed, title="t")
+    assert [round(b.get_height(), 6) for b in ax.patches] == [50.0, 35.0, 20.0, 20.0]
