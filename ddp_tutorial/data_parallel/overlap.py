@@ -237,5 +237,6 @@ def link_report(timed: dict[str, dict]) -> str:
     lines = [f"bare model, no communication: step {1e3 * timed['flat']['local']:7.2f} ms"]
     for kind, t in timed.items():
         lines.append(f"{NAMES[kind]:12s} step {1e3 * t['step']:7.2f} ms, {t['messages']:2d} message(s), "
-                     f"{1e3 * t['wire']:.2f} ms on the wire; {1e3 * (flat - t['step']):7.2f} ms shorter than FlatDDP's")
+                     f"{1e3 * t['wire']:.2f} ms on the wire" + ("" if kind == "flat" else
+                                                                  f"; {1e3 * (flat - t['step']):.2f} ms shorter than FlatDDP's"))
     return "\n".join(lines)

@@ -160,6 +160,6 @@ def test_link_report_and_plot_compare_each_step_with_flat_ddp():
     lines = link_report(timed).splitlines()
     assert lines[0] == "bare model, no communication: step   20.00 ms"
     assert lines[2].startswith("BucketedDDP  step   35.00 ms, 13 message(s), 30.00 ms on the wire;")
-    assert lines[2].endswith("15.00 ms shorter than FlatDDP's")
+    assert lines[2].endswith("; 15.00 ms shorter than FlatDDP's") and lines[1].endswith("on the wire")
     ax = plot_link_steps(timed, title="t")
     assert [round(b.get_height(), 6) for b in ax.patches] == [50.0, 35.0, 20.0, 20.0]
