@@ -20,7 +20,8 @@ __all__ = ["Result", "format_table", "timed", "MODULES", "SUBCOMMANDS", "subcomm
 
 # Subcommand -> module in this package, in the order ``all`` runs them. Each lesson's benchmark
 # lives in its own module, named for what it measures (not after the part it measures).
-MODULES = {"launch": "launch", "allreduce": "allreduce", "ddp": "ddp", "pipeline": "microbatch",
+MODULES = {"launch": "launch", "allreduce": "allreduce", "ddp": "ddp", "ddp-options": "ddp_options",
+           "pipeline": "microbatch",
            "collectives": "collective_bw", "dp": "dp", "train": "scaling", "sharding": "footprint"}
 SUBCOMMANDS = list(MODULES)
 

@@ -5,7 +5,8 @@ Definitions are those of nccl-tests: for a message of ``bytes`` that takes ``tim
 (what each rank's link really carries, comparable across world sizes). A one-thread
 memory copy (``memcpy_bandwidth``) is the ceiling a loopback transport cannot beat.
 ``sweep`` times ``ring_all_reduce`` against ``dist.all_reduce`` over message sizes;
-``python -m ddp_tutorial.bench allreduce`` runs a longer sweep of the same.
+``python -m ddp_tutorial.bench allreduce`` runs a longer sweep of the same. ``sweep_report``
+prints a sweep as the lesson reads it; ``ring_alpha_beta`` fits the ring's cost per step.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from ddp_tutorial.comm.ring import PIECE_BYTES, ring_all_reduce_flat
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.launch import spawn
 
-__all__ = ["KB", "MB", "HEADLINE", "bus_factor", "measure_worker", "memcpy_bandwidth", "sweep"]
+__all__ = ["KB", "MB", "HEADLINE", "bus_factor", "measure_worker", "memcpy_bandwidth", "sweep",
+           "sweep_report", "ring_alpha_beta"]
 
 KB, MB = 1 << 10, 1 << 20
 HEADLINE = 16 * MB  # the size the benchmark's ratios are taken at: timed 5x as often
@@ -92,3 +94,42 @@ def sweep(world_size: int, sizes: list[int], repeat: int = 5, piece_bytes: int =
             row[f"{impl}_busbw"] = algbw * bus_factor(world_size)
         row["ring/dist"] = row["ring_busbw"] / row["dist_busbw"]
     return rows
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes // MB} MB" if nbytes >= MB else f"{nbytes // KB} KB"
+
+
+def sweep_report(rows: list[dict], copy_gbps: float) -> str:
+    """``sweep`` rows as a table, how time grows with 16x the bytes (small and large), and the
+    gap to a memory copy of ``copy_gbps`` GB/s at the largest size."""
+    lines = [f"{'ranks':>5} {'size':>8} {'ring us':>9} {'dist us':>9} {'ring busbw':>11} {'dist busbw':>11} "
+             f"{'ring/dist':>9}"]
+    for r in rows:
+        lines.append(f"{r['world_size']:>5} {r['bytes']:>8} {1e6 * r['ring_s']:>9.0f} {1e6 * r['dist_s']:>9.0f} "
+                     f"{r['ring_busbw']:>11.3f} {r['dist_busbw']:>11.3f} {r['ring/dist']:>9.2f}")
+    lines.append("(us: microseconds per all-reduce; busbw in GB/s; ring/dist > 1: the ring was faster)")
+    for n in sorted({r["world_size"] for r in rows}):
+        t = {r["bytes"]: r for r in rows if r["world_size"] == n}
+        sizes = sorted(t)
+        growth = [f"{_size(a)} -> {_size(b)}: ring x{t[b]['ring_s'] / t[a]['ring_s']:.1f}, "
+                  f"dist x{t[b]['dist_s'] / t[a]['dist_s']:.1f}"
+                  for a, b in zip(sizes, sizes[1:]) if b == 16 * a and a in (sizes[0], sizes[-2])]
+        lines.append(f"{n} ranks, 16x the bytes takes  " + ";  ".join(growth) + " as long")
+    largest = max(r["bytes"] for r in rows)
+    lines.append(f"memory copy, one thread: {copy_gbps:.2f} GB/s")
+    for r in (r for r in rows if r["bytes"] == largest):
+        lines.append(f"{r['world_size']} ranks at {_size(largest)}: gloo on loopback reaches {r['dist_busbw']:.2f} "
+                     f"GB/s busbw, {copy_gbps / r['dist_busbw']:.1f}x below a memory copy")
+    return "\n".join(lines)
+
+
+def ring_alpha_beta(rows: list[dict], world_size: int) -> tuple[float, float]:
+    """The ring's cost per step, ``alpha + bytes * beta``, fitted by least squares to ``sweep`` rows of
+    ``world_size`` ranks: ``(alpha`` in seconds, ``beta`` in seconds per byte, the inverse bandwidth)."""
+    mine = [r for r in rows if r["world_size"] == world_size]
+    steps = 2 * (world_size - 1)
+    a = torch.tensor([[1.0, r["bytes"] / world_size] for r in mine], dtype=torch.float64)
+    t = torch.tensor([[r["ring_s"] / steps] for r in mine], dtype=torch.float64)
+    alpha, beta = torch.linalg.lstsq(a, t).solution.squeeze(1).tolist()
+    return alpha, beta

@@ -12,4 +12,5 @@ The modules, in lesson order:
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.data_parallel.ddp_from_scratch``
 - ``buckets`` (07): how big a bucket should be, per-call latency against a late start
 - ``overlap`` (07): what overlapping communication with backward hides, rung by rung
+- ``link`` (07): a simulated wire of known bandwidth beside gloo, where overlap pays off
 """

@@ -8,7 +8,8 @@ is over. Three pieces measure the trade on this machine:
 - ``allreduce_times``: one blocking all-reduce of each of several sizes;
 - ``bucket_sweep``: for several bucket caps, ``BucketedDDP``'s step time and its buckets'
   all-reduces done back to back with nothing to overlap;
-- ``fit_overhead_model``: the latency and bandwidth that explain those times best.
+- ``fit_overhead_model``: the latency and bandwidth that explain those times best;
+- ``bucket_study`` runs all three on 2 ranks, ``study_report`` prints it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import torch.distributed as dist
 from ddp_tutorial.data_parallel.ddp_from_scratch import BucketedDDP
 from ddp_tutorial.data_parallel.overlap import rank_batch, stepper
 from ddp_tutorial.env import rank_device
+from ddp_tutorial.launch import spawn
 from ddp_tutorial.models import make_model
 from ddp_tutorial.timing import take_turns
 
-__all__ = ["allreduce_times", "bucket_sweep", "fit_overhead_model"]
+__all__ = ["allreduce_times", "bucket_sweep", "fit_overhead_model", "bucket_study", "study_report"]
 
 
 def allreduce_times(rank: int, world_size: int, numels: list[int], repeat: int = 15) -> list[float]:
@@ -94,3 +96,33 @@ def fit_overhead_model(calls: list[float], nbytes: list[float], seconds: list[fl
     elif inv_bw <= 0:
         latency, inv_bw = torch.linalg.lstsq(a[:, :1], b).solution.item(), 0.0
     return latency, (1.0 / inv_bw if inv_bw > 0 else float("inf"))
+
+
+def bucket_study(numels: list[int], caps_mb: list[float], world_size: int = 2) -> dict:
+    """``allreduce_times`` and ``bucket_sweep`` on ``world_size`` ranks (the slowest rank's times), and
+    the model fitted to both: ``{"nbytes", "single", "rows", "latency", "bandwidth"}``."""
+    single = [max(ts) for ts in zip(*spawn(allreduce_times, world_size, args=(numels,), timeout=120))]
+    sweep = spawn(bucket_sweep, world_size, args=(caps_mb,), timeout=300)
+    rows = [{key: max(rank_rows[i][key] for rank_rows in sweep) for key in sweep[0][i]} for i in range(len(caps_mb))]
+    nbytes = [4 * n for n in numels]  # float32
+    latency, bandwidth = fit_overhead_model([1] * len(numels) + [r["buckets"] for r in rows],
+                                            nbytes + [r["bytes"] for r in rows], single + [r["comm"] for r in rows])
+    return {"nbytes": nbytes, "single": single, "rows": rows, "latency": latency, "bandwidth": bandwidth}
+
+
+def study_report(study: dict) -> str:
+    """The fitted constants, one line per bucket cap, and the gap between two caps giving the same buckets."""
+    lines = [f"fitted: latency {1e6 * study['latency']:.0f} us per all-reduce, "
+             f"bandwidth {study['bandwidth'] / 1e9:.2f} GB/s"]
+    for r in study["rows"]:
+        lines.append(f"bucket_cap_mb={r['bucket_cap_mb']:>5}: {r['buckets']:2d} buckets, step {1e3 * r['step']:6.2f} ms, "
+                     f"all-reduces alone {1e3 * r['comm']:6.2f} ms")
+    by_layout: dict[tuple, list[dict]] = {}
+    for r in study["rows"]:
+        by_layout.setdefault((r["buckets"], r["bytes"]), []).append(r)
+    for same in (rows for rows in by_layout.values() if len(rows) > 1):
+        caps = " and ".join(f"{r['bucket_cap_mb']:g}" for r in same)
+        steps = [r["step"] for r in same]
+        lines.append(f"caps {caps} MB, the same buckets measured again: steps differ by "
+                     f"{(max(steps) - min(steps)) / min(steps):.0%} (the noise)")
+    return "\n".join(lines)

@@ -3,9 +3,10 @@
 - ``NaiveDDP``: after backward, one all-reduce per parameter.
 - ``FlatDDP``: after backward, all gradients copied into one flat tensor, one all-reduce.
 - ``BucketedDDP``: gradient hooks fill buckets of ``bucket_cap_mb`` in the order gradients
-  become ready (reverse parameter order); each full bucket starts an asynchronous
+  become ready (approximated by reverse registration order); each full bucket starts an asynchronous
   all-reduce while backward goes on computing the remaining gradients.
 
+Each takes ``link=`` (``link.SimulatedLink``) to send its all-reduces over a simulated wire.
 All three keep torch DDP's contract: construction broadcasts rank 0's parameters and
 buffers (buffers again before every forward that records gradients), and when
 ``loss.backward()`` returns every ``param.grad`` holds the mean over ranks.
@@ -38,10 +39,11 @@ __all__ = ["FromScratchDDP", "NaiveDDP", "FlatDDP", "BucketedDDP", "assign_bucke
 class FromScratchDDP(nn.Module):
     """What the three share: the broadcasts, and a callback that runs when backward ends."""
 
-    def __init__(self, module: nn.Module, process_group=None, broadcast_buffers: bool = True):
+    def __init__(self, module: nn.Module, process_group=None, broadcast_buffers: bool = True, *, link=None):
         super().__init__()
         self.module = module
         self.group = process_group
+        self.link = link  # e.g. link.SimulatedLink: the all-reduces also cross a wire of known bandwidth
         self.world_size = dist.get_world_size(process_group)
         self.src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
         self.broadcast_buffers = broadcast_buffers
@@ -73,10 +75,19 @@ class FromScratchDDP(nn.Module):
 
     def _end_of_backward(self) -> None:
         self._callback_queued = False
-        for p in self.params:  # an unused parameter still takes part, with a zero gradient
+        # An unused parameter still takes part, with a zero gradient. Unlike torch DDP, which leaves
+        # the .grad of a parameter no rank used as it was (None), so the optimizer skips it: with a
+        # zero gradient, momentum and weight decay still move it.
+        for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         self.finish()
+
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False):
+        """Sum ``tensor`` over the group (a handle when ``async_op``), through ``link`` when there is one."""
+        if self.link is not None:
+            return self.link.all_reduce(tensor, self.group, async_op)
+        return dist.all_reduce(tensor, group=self.group, async_op=async_op)
 
     def grad_ready(self, index: int, param: torch.Tensor) -> None:
         """Called as soon as ``param.grad`` is final for this backward."""
@@ -90,7 +101,7 @@ class NaiveDDP(FromScratchDDP):
 
     def finish(self) -> None:
         for p in self.params:
-            dist.all_reduce(p.grad, group=self.group)
+            self.all_reduce(p.grad)
             p.grad.div_(self.world_size)
 
 
@@ -99,7 +110,7 @@ class FlatDDP(FromScratchDDP):
 
     def finish(self) -> None:
         flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        dist.all_reduce(flat, group=self.group)
+        self.all_reduce(flat)
         flat.div_(self.world_size)
         for p, chunk in zip(self.params, flat.split([p.numel() for p in self.params])):
             p.grad.copy_(chunk.view_as(p))
@@ -107,7 +118,7 @@ class FlatDDP(FromScratchDDP):
 
 def assign_buckets(params: list[torch.Tensor], bucket_cap_mb: float = 25.0,
                    first_bucket_mb: float | None = None) -> list[list[int]]:
-    """Parameter indices per bucket, last parameter first (the order backward produces gradients).
+    """Parameter indices per bucket, last parameter first (approximating the order backward produces gradients).
 
     A bucket takes parameters until the next one would push it past ``bucket_cap_mb``
     (the first bucket: past ``first_bucket_mb``, when given and smaller); a parameter
@@ -142,8 +153,8 @@ class BucketedDDP(FromScratchDDP):
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, process_group=None,
                  broadcast_buffers: bool = True, first_bucket_mb: float | None = 1.0,
-                 record_events: bool = False):
-        super().__init__(module, process_group, broadcast_buffers)
+                 record_events: bool = False, *, link=None):
+        super().__init__(module, process_group, broadcast_buffers, link=link)
         self.buckets = assign_buckets(self.params, bucket_cap_mb, first_bucket_mb)
         self.record_events = record_events
         self.events: list[tuple[str, int, float]] = []
@@ -187,7 +198,7 @@ class BucketedDDP(FromScratchDDP):
         while self._next_bucket < len(self.buckets) and self._missing[self._next_bucket] == 0:
             b = self._next_bucket
             self._event("launch", b)
-            work = dist.all_reduce(self.flat_buckets[b], group=self.group, async_op=True)
+            work = self.all_reduce(self.flat_buckets[b], async_op=True)
             if self.record_events:  # runs on the communication thread when the bucket is reduced
                 work.get_future().then(lambda fut, b=b: self._event("done", b))
             self._works.append(work)

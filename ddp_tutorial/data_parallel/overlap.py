@@ -19,6 +19,11 @@ a GPU's own streams and SMs while the compute kernels run.
 
 ``timeline`` shows the overlap itself: a recorded ``BucketedDDP`` backward, when each
 gradient became ready and when each bucket's all-reduce started and finished.
+
+``over_simulated_link`` shows overlap paying off: ``FlatDDP`` and ``BucketedDDP`` send their
+all-reduces through a ``link.SimulatedLink``, a wire of known bandwidth whose time passes
+beside backward (a sleeping thread, no core), as a NIC's or NVLink's does. It also counts,
+without any clock, how many messages each wrapper sent before backward's last gradient.
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.data_parallel.ddp_from_scratch import WRAPPERS, BucketedDDP
+from ddp_tutorial.data_parallel.link import SimulatedLink
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.models import make_model
 
-__all__ = ["RUNGS", "wrap_rung", "message_sizes", "stepper", "rank_batch", "exposed_communication", "timeline"]
+__all__ = ["RUNGS", "wrap_rung", "message_sizes", "stepper", "rank_batch", "exposed_communication", "timeline",
+           "over_simulated_link", "slowest_rank", "exposed_report", "link_report"]
 
 RUNGS = ("naive", "flat", "bucketed", "torch")
 
@@ -151,3 +158,85 @@ def timeline(rank: int, world_size: int, bucket_cap_mb: float = 1.0, batch_size:
     del ddp
     gc.collect()
     return result
+
+
+def over_simulated_link(rank: int, world_size: int, bandwidth: float = 125e6, bucket_cap_mb: float = 0.5,
+                        batch_size: int = 256, repeat: int = 6, seed: int = 0) -> dict[str, dict]:
+    """``FlatDDP`` and ``BucketedDDP`` on ``DeepMLP`` with a ``SimulatedLink`` of ``bandwidth`` bytes/s.
+
+    Per wrapper: ``step`` (best seconds of a training step over the link), ``local`` (best
+    seconds of the same step of the bare model: the compute, one baseline for both, so that
+    their exposed times compare as their steps do), ``wire`` (the
+    seconds its messages occupy the wire, from their sizes), ``messages`` and ``early``
+    (how many were sent before backward's last gradient was ready: a count, not a time).
+    """
+    device = rank_device()
+    base, (n_in, n_out) = make_model("big", seed)
+    x, y = rank_batch(rank, n_in, n_out, batch_size, seed, device)
+    kinds = ("flat", "bucketed")
+    runs, links, ready = {}, {}, {kind: [] for kind in kinds}
+    for kind in kinds:
+        options = {"bucket_cap_mb": bucket_cap_mb} if kind == "bucketed" else {}
+        model = copy.deepcopy(base).to(device)
+        links[kind] = SimulatedLink(bandwidth)
+        for p in model.parameters():  # registered before the wrapper's hooks, so each fires first
+            # How many messages had been sent when this gradient became ready: a count, no clock.
+            p.register_post_accumulate_grad_hook(lambda p, link=links[kind], seen=ready[kind]: seen.append(
+                sum(what == "send" for what, _, _ in link.events)))
+        runs[(kind, "step")] = stepper(WRAPPERS[kind](model, link=links[kind], **options), x, y)
+    runs[("bare", "local")] = stepper(copy.deepcopy(base).to(device), x, y)
+    best = {key: float("inf") for key in runs}
+    for round_ in range(repeat + 1):  # round 0 warms up; taking turns, load disturbs every run alike
+        for key, run in runs.items():
+            dist.barrier()
+            if key[0] in links:
+                ready[key[0]].clear()
+                links[key[0]].events.clear()
+            start = time.perf_counter()
+            run()
+            if round_:
+                best[key] = min(best[key], time.perf_counter() - start)
+    result = {}
+    for kind in kinds:  # the last round's step, over the link: its messages against backward's last gradient
+        ready[kind].clear()
+        links[kind].events.clear()
+        runs[(kind, "step")]()
+        sent = [(nbytes, t) for what, nbytes, t in links[kind].events if what == "send"]
+        result[kind] = {"step": best[(kind, "step")], "local": best[("bare", "local")], "messages": len(sent),
+                        "wire": sum(links[kind].wire_seconds(n, world_size) for n, _ in sent),
+                        "early": ready[kind][-1]}  # sent before the last gradient's hooks ran
+        links[kind].close()
+    del runs
+    gc.collect()
+    return result
+
+
+NAMES = {"naive": "NaiveDDP", "flat": "FlatDDP", "bucketed": "BucketedDDP", "torch": "torch DDP"}
+
+
+def slowest_rank(per_rank: list[dict[str, dict]]) -> dict[str, dict]:
+    """Each wrapper's row with every time taken from the slowest rank (counts from rank 0)."""
+    return {kind: {what: (max(r[kind][what] for r in per_rank) if isinstance(value, float) else value)
+                   for what, value in row.items()} for kind, row in per_rank[0].items()}
+
+
+def exposed_report(timed: dict[str, dict], alone: str = "comm") -> str:
+    """A table in ms: step, local, exposed (= step - local) and ``alone`` (``comm`` or ``wire``) per wrapper."""
+    label = {"comm": "comm alone", "wire": "wire time"}[alone]
+    lines = [f"{'':12s} {'step':>8s} {'local':>8s} {'exposed':>8s} {label:>10s}   (ms; exposed = step - local)"]
+    for kind, t in timed.items():
+        lines.append(f"{NAMES[kind]:12s} {1e3 * t['step']:8.2f} {1e3 * t['local']:8.2f} "
+                     f"{1e3 * (t['step'] - t['local']):8.2f} {1e3 * t[alone]:10.2f}   {t['messages']} all-reduce(s)")
+    return "\n".join(lines)
+
+
+def link_report(timed: dict[str, dict]) -> str:
+    """``over_simulated_link``'s rows (from ``slowest_rank``) in ms: each wrapper's step and wire time, and
+    how much shorter each step was than ``FlatDDP``'s, the wrapper whose wire time cannot overlap."""
+    flat = timed["flat"]["step"]
+    lines = [f"bare model, no communication: step {1e3 * timed['flat']['local']:7.2f} ms"]
+    for kind, t in timed.items():
+        lines.append(f"{NAMES[kind]:12s} step {1e3 * t['step']:7.2f} ms, {t['messages']:2d} message(s), "
+                     f"{1e3 * t['wire']:.2f} ms on the wire" + ("" if kind == "flat" else
+                                                                  f"; {1e3 * (flat - t['step']):.2f} ms shorter than FlatDDP's"))
+    return "\n".join(lines)

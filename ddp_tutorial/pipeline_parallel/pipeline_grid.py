@@ -31,10 +31,12 @@ __all__ = ["Grid", "mlp_stages", "grid_worker", "pipeline_step", "average_gradie
 class Grid:
     """Which rank holds which stage of which replica: ``rank = replica * num_stages + stage``.
 
-    Adjacent ranks form one pipeline and the replicas are the outermost axis, the order of
-    the usual 3-D layout (tensor parallel inside a node, pipeline stages next, data parallel
-    outermost). Here a stage is one device; in large runs a stage is a node's tensor-parallel
-    GPUs, so the pipeline crosses nodes, carrying only activations at stage boundaries."""
+    Adjacent ranks form one pipeline and the replicas are the outermost axis: picotron's
+    order (``[dp, pp, cp, tp]``). Megatron-LM (``tp-cp-ep-dp-pp``, innermost first) and
+    torchtitan (mesh ``[pp, dp_replicate, dp_shard, cp, tp]``) put the pipeline outermost
+    instead, since its point-to-point activations are the lightest traffic and can take the
+    farthest links. All of them keep tensor parallel innermost, inside a node. Here a stage
+    is one device; in large runs a stage is a node's tensor-parallel GPUs."""
 
     world_size: int
     num_stages: int

@@ -18,11 +18,13 @@ from ddp_tutorial.plots.meshes import plot_tensor_blocks
 from ddp_tutorial.plots.sharding import plot_bytes_per_rank
 from ddp_tutorial.plots.timelines import (
                                      plot_bucket_sweep,
+                                     plot_exposed,
+                                     plot_link_steps,
                                      plot_overlap_timeline,
                                      plot_pipeline_timeline,
                                      plot_stage_grid,
 )
 
 __all__ = ["plot_collective", "plot_ring_steps", "plot_busbw", "plot_subgroups", "plot_token_ring",
-           "plot_allreduce_fit", "plot_overlap_timeline", "plot_bucket_sweep", "plot_pipeline_timeline",
+           "plot_allreduce_fit", "plot_overlap_timeline", "plot_bucket_sweep", "plot_exposed", "plot_link_steps", "plot_pipeline_timeline",
            "plot_stage_grid", "plot_bytes_per_rank", "plot_tensor_blocks"]

@@ -134,3 +134,50 @@ def plot_bucket_sweep(rows: list, latency: float, bandwidth: float, ax: Axes | N
     ax.legend(fontsize=7)
     ax.set_title("bucket size: fewer calls vs. later start", fontsize=10)
     return ax
+
+
+def plot_exposed(timed: dict, ax: Axes | None = None, alone: str = "comm", title: str = "") -> Axes:
+    """Bars per wrapper from ``overlap.slowest_rank``: exposed communication (step - local) beside
+    ``alone``: its all-reduces alone (``comm``) or its time on a simulated wire (``wire``)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.4))
+    from ddp_tutorial.data_parallel.overlap import NAMES
+
+    at = range(len(timed))
+    ax.bar([i - 0.2 for i in at], [1e3 * (t["step"] - t["local"]) for t in timed.values()], 0.4,
+           label="exposed: step - local compute", color="C3")
+    ax.bar([i + 0.2 for i in at], [1e3 * t[alone] for t in timed.values()], 0.4, color="0.6",
+           label={"comm": "its all-reduces alone, back to back", "wire": "its time on the wire"}[alone])
+    ax.set_xticks(list(at))
+    ax.set_xticklabels([NAMES[k] for k in timed])
+    ax.set_ylabel("ms per training step")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_link_steps(timed: dict, ax: Axes | None = None, title: str = "") -> Axes:
+    """Bars of each wrapper's step over ``overlap.over_simulated_link``'s wire, split into the bare
+    model's step (the compute) and the rest; a dashed line where the compute plus the wire time ends."""
+    import matplotlib.pyplot as plt
+
+    from ddp_tutorial.data_parallel.overlap import NAMES
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.4))
+    at = list(range(len(timed)))
+    steps = [1e3 * t["step"] for t in timed.values()]
+    compute = [1e3 * t["local"] for t in timed.values()]
+    ax.bar(at, steps, 0.5, color="C0", label="training step over the wire")
+    ax.bar(at, compute, 0.5, color="0.75", label="bare model's step (no communication)")
+    for i, t in zip(at, timed.values()):
+        ax.hlines(1e3 * (t["local"] + t["wire"]), i - 0.3, i + 0.3, colors="C3", linestyles="--",
+                  label="compute + wire time, if nothing overlaps" if i == 0 else None)
+    ax.set_xticks(at)
+    ax.set_xticklabels([NAMES[k] for k in timed])
+    ax.set_ylabel("ms per training step (best)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax

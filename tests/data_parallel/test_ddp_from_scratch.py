@@ -15,7 +15,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ddp_tutorial.bench.ddp import wrap
-from ddp_tutorial.data_parallel.buckets import fit_overhead_model
+from ddp_tutorial.data_parallel.buckets import fit_overhead_model, study_report
 from ddp_tutorial.data_parallel.ddp_from_scratch import WRAPPERS, assign_buckets, compare_with_torch_ddp
 from ddp_tutorial.data_parallel.overlap import timeline
 from ddp_tutorial.launch import spawn
@@ -276,3 +276,37 @@ def test_benchmark_buckets_against_torch_ddps_rebuilt_buckets():
     reach = next(k for k, c in enumerate(cumulative) if c >= 2**20) + 1  # shortest prefix reaching 1 MiB
     assert torch_layout[0][0] == backward[:reach]
     assert ours_layout[0][0] == backward[:reach - 1] and cumulative[reach - 2] <= 2**20
+
+
+def unused_parameter_after_a_step(rank: int, world_size: int) -> dict:
+    """``spare`` is used by no rank; after one SGD step with weight decay: did it move, per wrapper?"""
+    out = {}
+    for kind in ("torch", *WRAPPERS):
+        torch.manual_seed(0)
+        model = _Unused().double()
+        before = model.spare.weight.detach().clone()
+        wrapped = (nn.parallel.DistributedDataParallel(model, find_unused_parameters=True) if kind == "torch"
+                   else WRAPPERS[kind](model))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1)
+        wrapped(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
+        opt.step()
+        out[kind] = (model.spare.weight.grad is None, not torch.equal(model.spare.weight, before))
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_zero_gradient_lets_weight_decay_move_an_unused_parameter_unlike_torch_ddp():
+    for per_kind in spawn(unused_parameter_after_a_step, 2, timeout=45):
+        assert per_kind["torch"] == (True, False)  # torch DDP leaves .grad None: the optimizer skips it
+        for kind in WRAPPERS:  # ours fill in zeros: weight decay (and momentum) still move it
+            assert per_kind[kind] == (False, True), kind
+
+
+def test_study_report_prints_the_fit_and_the_noise_between_equal_bucketings():
+    rows = [{"bucket_cap_mb": 1.0, "buckets": 5, "bytes": 100, "step": 0.010, "comm": 0.002},
+            {"bucket_cap_mb": 4.0, "buckets": 2, "bytes": 100, "step": 0.008, "comm": 0.001},
+            {"bucket_cap_mb": 25.0, "buckets": 2, "bytes": 100, "step": 0.010, "comm": 0.001}]
+    lines = study_report({"rows": rows, "latency": 2e-4, "bandwidth": 2e9}).splitlines()
+    assert lines[0] == "fitted: latency 200 us per all-reduce, bandwidth 2.00 GB/s"
+    assert len(lines) == 5 and "5 buckets, step  10.00 ms" in lines[1]
+    assert lines[-1].startswith("caps 4 and 25 MB") and lines[-1].endswith("differ by 25% (the noise)")

@@ -10,7 +10,7 @@ import torch
 from torch.optim.lr_scheduler import LinearLR
 
 from ddp_tutorial.training.data import DataSpec, SlowDataset, digits, make_loaders
-from ddp_tutorial.training.warmup import linear_warmup, warmup_factor
+from ddp_tutorial.training.warmup import accumulation_steps, linear_warmup, scaled_lr, warmup_factor
 
 
 def _lrs(scheduler_for, steps: int, lr: float = 0.8) -> list[float]:
@@ -54,3 +54,20 @@ def test_loader_workers_deliver_the_same_batches_in_the_same_order():
         batches[workers] = [y for _, y in train_loader]
     assert len(batches[0]) == len(batches[2]) > 0
     assert all(torch.equal(a, b) for a, b in zip(batches[0], batches[2]))
+
+
+def test_scaled_lr_is_linear_for_sgd_and_square_root_for_adam():
+    assert scaled_lr(0.1, 4) == pytest.approx(0.4)
+    assert scaled_lr(1e-3, 4, "adam") == pytest.approx(2e-3)  # sqrt(4) = 2
+    assert scaled_lr(1e-3, 1, "adam") == 1e-3
+    with pytest.raises(ValueError, match="sgd"):
+        scaled_lr(0.1, 2, "lamb")
+
+
+def test_accumulation_keeps_the_global_batch_when_the_world_changes():
+    for world_size in (1, 2, 4, 8):
+        steps = accumulation_steps(256, 32, world_size)
+        assert steps * 32 * world_size == 256  # the same samples per optimizer step
+    assert accumulation_steps(256, 32, 8) == 1
+    with pytest.raises(ValueError, match="multiple"):
+        accumulation_steps(256, 48, 2)
