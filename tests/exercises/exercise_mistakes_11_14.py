@@ -1,6 +1,7 @@
 """Typical wrong answers to the exercises of lessons 11-14, and the words their diagnosis must contain.
 
-Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in seconds)``.
+Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in seconds)``;
+``ALSO_RIGHT`` holds other right answers, which must pass.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ MISTAKES = {
     "loss summed over ranks, not divided": (
         "fix_summed_loss", broken("fix_summed_loss", "    return (total / n).item()", "    return total.item()"),
         ["world of 2", "sum of the 2 ranks' losses"], 20),
+    "the step keeps the summed gradients and divides the learning rate": (
+        "fix_summed_loss", broken("fix_summed_loss", "        p.grad /= n  # the mean over ranks, as DDP: the sum is n times one process's gradient\n", "")
+        .replace("p -= lr * p.grad", "p -= lr / n * p.grad"),
+        ["world of 2", "step 1", "the parameters are right, but weight.grad is the sum over the 2 ranks",
+         "Divide the gradients by the world size"], 20),
     "busbw uses all-reduce's factor for all-gather": (
         "bus_bandwidth", broken("bus_bandwidth", '"all_gather": lambda n: (n - 1) / n',
                                  '"all_gather": lambda n: 2 * (n - 1) / n'),
@@ -30,7 +36,7 @@ MISTAKES = {
         "bus_bandwidth", broken("bus_bandwidth", "nbytes / seconds / 1e9", "nbytes / seconds / 2**30"),
         ["GiB/s", "10**9 bytes"], 20),
     "zero1 forgets the all-gather": (
-        "zero1_step", broken("zero1_step", "    all_gather_single(params_flat, mine.clone())", "    pass"),
+        "zero1_step", broken("zero1_step", "    all_gather_single(params_flat, mine)", "    pass"),
         ["world of 2", "step 1", "slice 1", "all-gather that brings every rank's updated slice is missing"], 20),
     "zero1 puts its slice at rank * n": (
         "zero1_step", broken("zero1_step", "mine = params_flat[rank * s:(rank + 1) * s]",
@@ -43,6 +49,12 @@ MISTAKES = {
         "zero1_step", broken("zero1_step", "reduce_scatter_single(grad, grads_flat)  # my slice, summed over the ranks",
                               "grad.copy_(grads_flat[rank * s:(rank + 1) * s] * n)"),
         ["world of 2", "this rank's own gradient, not the mean over ranks"], 20),
+    "zero1 all-reduces the whole gradient, then slices": (
+        "zero1_step", broken("zero1_step", "reduce_scatter_single(grad, grads_flat)  # my slice, summed over the ranks",
+                              "full = grads_flat.clone()\n        dist.all_reduce(full)\n"
+                              "        grad.copy_(full[rank * s:(rank + 1) * s])"),
+        ["world of 2", "step 1", "the numbers are right, but its collectives were dist.all_reduce",
+         "3 (n - 1) / n", "reduce_scatter_single"], 20),
     "tp adds the bias on every rank": (
         "tp_mlp_forward", broken("tp_mlp_forward", "partial = h @ w2_shard.T", "partial = h @ w2_shard.T + b2")
         .replace("return partial + b2", "return partial"),
@@ -58,4 +70,14 @@ MISTAKES = {
         "tp_mlp_forward", broken("tp_mlp_forward", "    partial = h @ w2_shard.T",
                                   "    dist.all_reduce(torch.zeros(1))\n    partial = h @ w2_shard.T"),
         ["the output is right, but its collectives were", "exactly one all_reduce"], 20),
+}
+
+# Other right answers the checker must accept: name -> (exercise, source, timeout in seconds)
+ALSO_RIGHT = {
+    "zero1 all-gathers with dist.all_gather into views of params_flat": (
+        "zero1_step", broken("zero1_step", "all_gather_single(params_flat, mine)",
+                              "dist.all_gather(list(params_flat.chunk(n)), mine.clone())"), 20),
+    "zero1 all-gathers from a copy (mine.clone())": (
+        "zero1_step", broken("zero1_step", "all_gather_single(params_flat, mine)",
+                              "all_gather_single(params_flat, mine.clone())"), 20),
 }

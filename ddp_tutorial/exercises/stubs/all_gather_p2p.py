@@ -26,5 +26,7 @@ def all_gather_p2p(tensor: torch.Tensor) -> list[torch.Tensor]:
     """
     # Your code here; the checker calls all_gather_p2p(tensor) on every rank.
     raise NotImplementedError(
-        'exercise 4.2 (all_gather_p2p): not implemented yet: open my_exercises/all_gather_p2p.py '
-        'and write it; lesson 04_collectives.ipynb explains it')
+        'exercise 4.2 (all_gather_p2p): not started yet, as expected for a fresh stub: '
+        'my_exercises/all_gather_p2p.py still raises NotImplementedError. Next: write '
+        'all_gather_p2p() there (its docstring is the contract, lesson 04_collectives.ipynb '
+        "explains it, show('all_gather_p2p') gives hints), then check again")

@@ -31,5 +31,7 @@ def evaluate_shards(model: nn.Module, shard: Iterable[tuple[torch.Tensor, torch.
     """
     # Your code here; the checker calls evaluate_shards(model, shard, device) on every rank.
     raise NotImplementedError(
-        'exercise 10.1 (evaluate_shards): not implemented yet: open my_exercises/evaluate_shards.py'
-        ' and write it; lesson 10_train_end_to_end.ipynb explains it')
+        'exercise 10.1 (evaluate_shards): not started yet, as expected for a fresh stub: '
+        'my_exercises/evaluate_shards.py still raises NotImplementedError. Next: write '
+        'evaluate_shards() there (its docstring is the contract, lesson 10_train_end_to_end.ipynb '
+        "explains it, show('evaluate_shards') gives hints), then check again")

@@ -27,5 +27,7 @@ def ring_shift(tensor: torch.Tensor, hops: int = 1) -> torch.Tensor:
     """
     # Your code here; the checker calls ring_shift(tensor, hops) on every rank.
     raise NotImplementedError(
-        'exercise 3.1 (ring_shift): not implemented yet: open my_exercises/ring_shift.py and write '
-        'it; lesson 03_point_to_point.ipynb explains it')
+        'exercise 3.1 (ring_shift): not started yet, as expected for a fresh stub: '
+        'my_exercises/ring_shift.py still raises NotImplementedError. Next: write ring_shift() '
+        'there (its docstring is the contract, lesson 03_point_to_point.ipynb explains it, '
+        "show('ring_shift') gives hints), then check again")

@@ -29,5 +29,7 @@ def shard(num_samples: int, rank: int, world_size: int, epoch: int, seed: int = 
     """
     # Your code here; the checker calls shard(num_samples, rank, world_size, epoch, seed) on every rank.
     raise NotImplementedError(
-        'exercise 6.1 (shard): not implemented yet: open my_exercises/shard.py and write it; lesson'
-        ' 06_ddp_spawn.ipynb explains it')
+        'exercise 6.1 (shard): not started yet, as expected for a fresh stub: my_exercises/shard.py'
+        ' still raises NotImplementedError. Next: write shard() there (its docstring is the '
+        "contract, lesson 06_ddp_spawn.ipynb explains it, show('shard') gives hints), then check "
+        'again')

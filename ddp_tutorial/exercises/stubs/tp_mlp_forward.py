@@ -27,5 +27,7 @@ def tp_mlp_forward(x: torch.Tensor, w1_shard: torch.Tensor, b1_shard: torch.Tens
     """
     # Your code here; the checker calls tp_mlp_forward(x, w1_shard, b1_shard, w2_shard, b2) on every rank.
     raise NotImplementedError(
-        'exercise 14.1 (tp_mlp_forward): not implemented yet: open my_exercises/tp_mlp_forward.py '
-        'and write it; lesson 14_tensor_parallel.ipynb explains it')
+        'exercise 14.1 (tp_mlp_forward): not started yet, as expected for a fresh stub: '
+        'my_exercises/tp_mlp_forward.py still raises NotImplementedError. Next: write '
+        'tp_mlp_forward() there (its docstring is the contract, lesson 14_tensor_parallel.ipynb '
+        "explains it, show('tp_mlp_forward') gives hints), then check again")
