@@ -6,7 +6,7 @@ Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in sec
 
 from __future__ import annotations
 
-from exercise_mistakes import broken
+from exercise_mistakes import HEAD, broken
 
 MISTAKES = {
     "the step as given (sums gradients and keeps its own loss)": (
@@ -57,19 +57,40 @@ MISTAKES = {
          "3 (n - 1) / n", "reduce_scatter_single"], 20),
     "tp adds the bias on every rank": (
         "tp_mlp_forward", broken("tp_mlp_forward", "partial = h @ w2_shard.T", "partial = h @ w2_shard.T + b2")
-        .replace("return partial + b2", "return partial"),
+        .replace("return LeaveParallel.apply(partial) + b2", "return LeaveParallel.apply(partial)"),
         ["rank 0 of a world of 2", "b2 2 times", "add b2 once, after the all-reduce"], 20),
     "tp forgets the all-reduce": (
-        "tp_mlp_forward", broken("tp_mlp_forward", "    dist.all_reduce(partial)", "    pass"),
+        "tp_mlp_forward", broken("tp_mlp_forward", "        dist.all_reduce(total)\n", ""),
         ["partial sum", "all-reduce that adds the ranks' partial outputs is missing"], 20),
     "tp averages instead of summing": (
-        "tp_mlp_forward", broken("tp_mlp_forward", "dist.all_reduce(partial)",
-                                  "dist.all_reduce(partial, op=dist.ReduceOp.AVG)"),
+        "tp_mlp_forward", broken("tp_mlp_forward", "dist.all_reduce(total)",
+                                  "dist.all_reduce(total, op=dist.ReduceOp.AVG)"),
         ["world of 2", "mean of the ranks' partial outputs", "SUM, not AVG"], 20),
     "tp all-reduces the hidden activations too": (
         "tp_mlp_forward", broken("tp_mlp_forward", "    partial = h @ w2_shard.T",
                                   "    dist.all_reduce(torch.zeros(1))\n    partial = h @ w2_shard.T"),
-        ["the output is right, but its collectives were", "exactly one all_reduce"], 20),
+        ["world of 2", "the output is right, but its forward's collectives were {'all_reduce': 2}",
+         "exactly one all-reduce"], 20),
+    "tp forward only: a plain dist.all_reduce, no f": (
+        "tp_mlp_forward", HEAD + """def tp_mlp_forward(x, w1_shard, b1_shard, w2_shard, b2):
+    h = torch.relu(x @ w1_shard.T + b1_shard)
+    partial = h @ w2_shard.T
+    dist.all_reduce(partial)
+    return partial + b2
+""", ["world of 2", "the output is right, but x.grad is not the unsplit MLP's", "Megatron's f"], 20),
+    "tp without f: x's gradient is this rank's share": (
+        "tp_mlp_forward", broken("tp_mlp_forward", "EnterParallel.apply(x) @ w1_shard.T", "x @ w1_shard.T"),
+        ["world of 2", "x.grad is not the unsplit MLP's", "Megatron's f"], 20),
+    "tp with torch.distributed.nn's all_reduce, whose backward sums again": (
+        "tp_mlp_forward", broken("tp_mlp_forward", "return LeaveParallel.apply(partial) + b2",
+                                  "from torch.distributed.nn.functional import all_reduce\n"
+                                  "    return all_reduce(partial) + b2"),
+        ["world of 2", "2 times the unsplit MLP's", "passes its gradient through unchanged"], 20),
+    "tp imports the lesson's f and g": (
+        "tp_mlp_forward", HEAD + "from ddp_tutorial.tensor_parallel.split_mlp import f, g\n\n\n"
+        "def tp_mlp_forward(x, w1_shard, b1_shard, w2_shard, b2):\n"
+        "    return g(torch.relu(f(x) @ w1_shard.T + b1_shard) @ w2_shard.T) + b2\n",
+        ["NotAllowed", "imports ddp_tutorial.tensor_parallel.split_mlp"], 20),
 }
 
 # Other right answers the checker must accept: name -> (exercise, source, timeout in seconds)
@@ -77,6 +98,13 @@ ALSO_RIGHT = {
     "zero1 all-gathers with dist.all_gather into views of params_flat": (
         "zero1_step", broken("zero1_step", "all_gather_single(params_flat, mine)",
                               "dist.all_gather(list(params_flat.chunk(n)), mine.clone())"), 20),
+    "tp with functional collectives inside f and g": (
+        "tp_mlp_forward", broken("tp_mlp_forward", "        dist.all_reduce(grad)\n        return grad",
+                                  "        return funcol.all_reduce(grad, \"sum\", dist.group.WORLD)")
+        .replace("        total = partial.clone()\n        dist.all_reduce(total)\n        return total",
+                 "        return funcol.all_reduce(partial, \"sum\", dist.group.WORLD)")
+        .replace("import torch.distributed as dist\n",
+                 "import torch.distributed as dist\nimport torch.distributed._functional_collectives as funcol\n"), 20),
     "zero1 all-gathers from a copy (mine.clone())": (
         "zero1_step", broken("zero1_step", "all_gather_single(params_flat, mine)",
                               "all_gather_single(params_flat, mine.clone())"), 20),
