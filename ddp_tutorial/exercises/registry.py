@@ -70,7 +70,7 @@ def describe(name: str, learner_file: str, *, hint: int | None = None) -> str:
     With ``hint=k``: the card's header and hint ``k`` only (1 the idea, the last the formulas).
     """
     e = get(name)
-    wrap = lambda label, text: textwrap.fill(text, width=100, initial_indent=f"  {label + ':':<9}",  # noqa: E731  (a one-line helper, read beside its uses)
+    wrap = lambda label, text: textwrap.fill(text, width=100, initial_indent=f"  {label + ': ':<9}",  # noqa: E731  (a one-line helper, read beside its uses)
                                              subsequent_indent=" " * 11, break_long_words=False,
                                              break_on_hyphens=False)
     head = f"Exercise {e.number} ({e.level}), lesson {e.notebook}: {e.title}"

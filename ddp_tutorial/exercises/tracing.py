@@ -70,6 +70,7 @@ class Trace:
         self.calls: list[Call] = []
         self.phase = ""
         self.depth = 0  # > 0 inside a traced call: send calls isend, which is not a second message
+        self.on_send: Callable[[], None] | None = None  # called before each send: a checker's snapshot
 
     def case(self, label: str) -> None:
         self.calls = []
@@ -112,6 +113,8 @@ def _wrap(trace: Trace, name: str, refuse: str | None) -> Callable[..., Any]:
         peer = next((bound[k] for k in ("dst", "src", "group_dst", "group_src") if bound.get(k) is not None), None)
         trace.calls.append(Call(name, peer, getattr(tensor, "numel", lambda: 0)(), trace.phase,
                                 name in ("isend", "irecv") or bool(bound.get("async_op"))))
+        if name in SENDS and trace.on_send is not None:
+            trace.on_send()
         what = f"{name} {'to' if name in SENDS else 'from'} rank {peer}" if name in P2P else f"dist.{name}"
         what += f" (#{len(trace.calls)})"
         trace.log(f"> {what}")

@@ -5,9 +5,10 @@ sum count the ranks' contributions and the thousands tell from which elements th
 element 3 holding 6101 = 101 + 1000 * (3 + 3) has ranks 0 and 2 added in once, rank 1
 never, all from element 3. That is how a wrong chunk is explained. Which phase made it
 wrong follows from who finishes it: rank ``c - 1`` completes chunk ``c`` in the
-reduce-scatter and the all-gather only copies it on, so the ranks share whether their
-finished chunk came out right, and a wrong chunk is blamed on the reduce-scatter when its
-finisher's copy was already wrong, on the all-gather when it was right.
+reduce-scatter and the all-gather only copies it on. Each rank copies its finished chunk at
+its n-th send, the all-gather's first (a copy at every send: ``Trace.on_send``), the ranks
+share whether that copy was the full sum, and a wrong chunk is blamed on the reduce-scatter
+when its finisher's copy was already wrong, on the all-gather when it was right.
 """
 
 from __future__ import annotations
@@ -56,11 +57,10 @@ def contributions(counts: list[int] | None) -> str:
     return f"{', '.join(added)}{' only' if missing else ''}{gap}"
 
 
-def phase_of(c: int, rank: int, world_size: int, finished_right: list[bool]) -> str:
-    """Which phase left chunk ``c`` wrong on ``rank``: rank ``c - 1`` finishes chunk ``c`` in the reduce-scatter,
-    and the all-gather only copies it on; ``finished_right[k]``: rank k's finished chunk was right."""
-    finisher = (c - 1) % world_size
-    return "all-gather" if finisher != rank and finished_right[finisher] else "reduce-scatter"
+def phase_of(c: int, world_size: int, finished_right: list[bool]) -> str:
+    """Which phase left chunk ``c`` wrong: rank ``c - 1`` finishes chunk ``c`` in the reduce-scatter, and the
+    all-gather only copies it on; ``finished_right[k]``: rank k's chunk was the full sum between the phases."""
+    return "all-gather" if finished_right[(c - 1) % world_size] else "reduce-scatter"
 
 
 def wrong_chunk(rank: int, world_size: int, x: torch.Tensor, expected: torch.Tensor,
@@ -75,7 +75,7 @@ def wrong_chunk(rank: int, world_size: int, x: torch.Tensor, expected: torch.Ten
     span = f"element {a}" if b - a == 1 else f"elements {a}..{b - 1}"
     counts = decode(got[i].item(), i, world_size)
     finisher = (c - 1) % world_size
-    phase = phase_of(c, rank, world_size, finished_right)
+    phase = phase_of(c, world_size, finished_right)
     text = (f"chunk {c} of {world_size} ({span} of {got.numel()}) is wrong: element {i} is {got[i].item():g}, "
             f"expected {want[i].item():g}, the sum over all {world_size} ranks; it holds {contributions(counts)}. "
             f"The {phase} phase made it wrong: ")
@@ -93,7 +93,8 @@ def wrong_chunk(rank: int, world_size: int, x: torch.Tensor, expected: torch.Ten
             return text + ("A chunk was received or added at another chunk's place: do sender and receiver of "
                            "each step agree on the chunk index (one off by one?)")
         return text + "A step is missing, or a step sends or fills the wrong chunk."
-    text += f"rank {finisher} finished chunk {c} right, and the all-gather did not bring it here intact. "
+    text += (f"{'this rank' if finisher == rank else f'rank {finisher}'} finished chunk {c} right, and the "
+             f"all-gather did not {'leave it' if finisher == rank else 'bring it here'} intact. ")
     if counts is not None and max(counts) > 1:
         return text + ("It was added on top of the partial sum: the all-gather copies the finished chunk "
                        "(receive straight into it), it does not add.")
@@ -117,10 +118,10 @@ def traffic(trace: Trace, world_size: int, numel: int) -> str | None:
     return None
 
 
-def finished_chunk_right(rank: int, world_size: int, x: torch.Tensor, expected: torch.Tensor) -> bool:
-    """Is the chunk this rank finishes in the reduce-scatter, ``(rank + 1) % n``, the full sum?"""
+def finished_chunk(rank: int, world_size: int, x: torch.Tensor) -> torch.Tensor:
+    """The chunk this rank finishes in the reduce-scatter, ``(rank + 1) % n``: a view of ``x``."""
     a, b = segment_bounds(x.numel(), world_size)[(rank + 1) % world_size]
-    return torch.equal(x.reshape(-1)[a:b], expected.reshape(-1)[a:b])
+    return x.reshape(-1)[a:b]
 
 
 def every_rank(flag: bool, world_size: int) -> list[bool]:
@@ -142,8 +143,14 @@ def ring_all_reduce_worker(rank: int, world_size: int, source: str, function: st
             x = ring_input(rank, shape, dtype)
             expected = x.clone()
             original("all_reduce")(expected)
+            # This rank's finished chunk as it was at each send: the n-th send is the all-gather's first
+            # (n - 1 reduce-scatter steps before it), so that copy tells the phases apart.
+            snapshots: list[torch.Tensor] = []
+            trace.on_send = lambda: snapshots.append(finished_chunk(rank, world_size, x).clone())
             result = fn(x)
-            finished_right = every_rank(finished_chunk_right(rank, world_size, x, expected), world_size)
+            trace.on_send = None
+            between = snapshots[world_size - 1] if len(snapshots) >= world_size else finished_chunk(rank, world_size, x)
+            finished_right = every_rank(torch.equal(between, finished_chunk(rank, world_size, expected)), world_size)
             if not torch.equal(x, expected):
                 if result is not x and same_values(result, expected):  # right values, not in place
                     return returned_in_place(function, result, x, expected)

@@ -161,7 +161,7 @@ def tp_mlp_forward_worker(rank: int, world_size: int, source: str, function: str
 EXERCISES = [
     Exercise(
         name="tp_mlp_forward", number="14.1", lesson=14, notebook="14_tensor_parallel.ipynb",
-        title="a column-parallel + row-parallel MLP by hand: f and g, forward and backward", level="medium",
+        title="a column- and row-parallel MLP by hand: f and g", level="medium",
         task=("Compute relu(x W1^T + b1) W2^T + b2 with the hidden units split over the ranks: each rank "
               "holds its rows of W1 and b1 and the same units' columns of W2; one all-reduce in forward, "
               "every rank returns the full output, and backward gives the unsplit MLP's gradients with one "

@@ -1,6 +1,6 @@
 """Exercise 4.2 (medium), lesson 04_collectives.ipynb: all_gather from isend and irecv.
 
-Write all_gather_p2p() below (its docstring says exactly what to do), then check it:
+Write all_gather_p2p() below (its docstring is the contract: what must hold), then check it:
     check("all_gather_p2p")                                 in the notebook
     python -m ddp_tutorial.exercises check all_gather_p2p   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

@@ -1,10 +1,10 @@
 """Exercise 7.1 (hard), lesson 07_ddp_from_scratch.ipynb: the bucketed DDP gradient hook: all-reduce and average.
 
-Write bucketed_grad_hooks() below (its docstring says exactly what to do), then check it:
+Write bucketed_grad_hooks() below (its docstring is the contract: what must hold), then check it:
     check("bucketed_grad_hooks")                                 in the notebook
     python -m ddp_tutorial.exercises check bucketed_grad_hooks   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
-A hint: python -m ddp_tutorial.exercises show bucketed_grad_hooks
+Hints, one at a time: python -m ddp_tutorial.exercises show bucketed_grad_hooks [--hint 2 .. 3]
 Start again from the stub: python -m ddp_tutorial.exercises reset bucketed_grad_hooks
 """
 

@@ -1,6 +1,6 @@
 """Exercise 12.1 (warm-up), lesson 12_performance.ipynb: algorithm bandwidth and bus bandwidth.
 
-Write bus_bandwidth() below (its docstring says exactly what to do), then check it:
+Write bus_bandwidth() below (its docstring is the contract: what must hold), then check it:
     check("bus_bandwidth")                                 in the notebook
     python -m ddp_tutorial.exercises check bus_bandwidth   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

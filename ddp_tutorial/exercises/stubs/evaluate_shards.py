@@ -1,6 +1,6 @@
 """Exercise 10.1 (medium), lesson 10_train_end_to_end.ipynb: all-rank evaluation: score your shard, all-reduce the sums.
 
-Write evaluate_shards() below (its docstring says exactly what to do), then check it:
+Write evaluate_shards() below (its docstring is the contract: what must hold), then check it:
     check("evaluate_shards")                                 in the notebook
     python -m ddp_tutorial.exercises check evaluate_shards   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

@@ -1,6 +1,6 @@
 """Exercise 11.1 (medium), lesson 11_debugging_and_pitfalls.ipynb: find the bug: a data-parallel step that sums instead of averaging.
 
-Write fix_summed_loss() below (its docstring says exactly what to do), then check it:
+Write fix_summed_loss() below (its docstring is the contract: what must hold), then check it:
     check("fix_summed_loss")                                 in the notebook
     python -m ddp_tutorial.exercises check fix_summed_loss   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

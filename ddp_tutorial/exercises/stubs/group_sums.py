@@ -1,6 +1,6 @@
 """Exercise 2.2 (warm-up), lesson 02_process_groups.ipynb: sum in the even and the odd sub-group.
 
-Write group_sums() below (its docstring says exactly what to do), then check it:
+Write group_sums() below (its docstring is the contract: what must hold), then check it:
     check("group_sums")                                 in the notebook
     python -m ddp_tutorial.exercises check group_sums   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

@@ -1,6 +1,6 @@
 """Exercise 2.1 (warm-up), lesson 02_process_groups.ipynb: join a group through a file:// store.
 
-Write init_from_file() below (its docstring says exactly what to do), then check it:
+Write init_from_file() below (its docstring is the contract: what must hold), then check it:
     check("init_from_file")                                 in the notebook
     python -m ddp_tutorial.exercises check init_from_file   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

@@ -1,10 +1,10 @@
 """Exercise 5.1 (hard), lesson 05_ring_all_reduce.ipynb: the ring all-reduce: reduce-scatter, then all-gather.
 
-Write ring_all_reduce() below (its docstring says exactly what to do), then check it:
+Write ring_all_reduce() below (its docstring is the contract: what must hold), then check it:
     check("ring_all_reduce")                                 in the notebook
     python -m ddp_tutorial.exercises check ring_all_reduce   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
-A hint: python -m ddp_tutorial.exercises show ring_all_reduce
+Hints, one at a time: python -m ddp_tutorial.exercises show ring_all_reduce [--hint 2 .. 3]
 Start again from the stub: python -m ddp_tutorial.exercises reset ring_all_reduce
 """
 

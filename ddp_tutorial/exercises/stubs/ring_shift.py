@@ -1,6 +1,6 @@
 """Exercise 3.1 (medium), lesson 03_point_to_point.ipynb: pass tokens around a ring without a deadlock.
 
-Write ring_shift() below (its docstring says exactly what to do), then check it:
+Write ring_shift() below (its docstring is the contract: what must hold), then check it:
     check("ring_shift")                                 in the notebook
     python -m ddp_tutorial.exercises check ring_shift   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

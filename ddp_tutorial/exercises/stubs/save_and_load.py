@@ -1,6 +1,6 @@
 """Exercise 8.1 (medium), lesson 08_torchrun.ipynb: rank 0's atomic checkpoint, a barrier, a map_location load.
 
-Write save_and_load() below (its docstring says exactly what to do), then check it:
+Write save_and_load() below (its docstring is the contract: what must hold), then check it:
     check("save_and_load")                                 in the notebook
     python -m ddp_tutorial.exercises check save_and_load   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

@@ -1,6 +1,6 @@
 """Exercise 4.1 (warm-up), lesson 04_collectives.ipynb: scatter from send and recv.
 
-Write scatter_p2p() below (its docstring says exactly what to do), then check it:
+Write scatter_p2p() below (its docstring is the contract: what must hold), then check it:
     check("scatter_p2p")                                 in the notebook
     python -m ddp_tutorial.exercises check scatter_p2p   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

@@ -1,6 +1,6 @@
 """Exercise 6.1 (medium), lesson 06_ddp_spawn.ipynb: a DistributedSampler of your own: padding and a shuffle per epoch.
 
-Write shard() below (its docstring says exactly what to do), then check it:
+Write shard() below (its docstring is the contract: what must hold), then check it:
     check("shard")                                 in the notebook
     python -m ddp_tutorial.exercises check shard   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

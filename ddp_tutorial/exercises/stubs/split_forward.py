@@ -1,6 +1,6 @@
 """Exercise 9.1 (warm-up), lesson 09_model_parallel_ddp.ipynb: split ToyModel across two devices.
 
-Write split_forward() below (its docstring says exactly what to do), then check it:
+Write split_forward() below (its docstring is the contract: what must hold), then check it:
     check("split_forward")                                 in the notebook
     python -m ddp_tutorial.exercises check split_forward   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

@@ -1,6 +1,6 @@
-"""Exercise 14.1 (medium), lesson 14_tensor_parallel.ipynb: a column-parallel + row-parallel MLP by hand: f and g, forward and backward.
+"""Exercise 14.1 (medium), lesson 14_tensor_parallel.ipynb: a column- and row-parallel MLP by hand: f and g.
 
-Write tp_mlp_forward() below (its docstring says exactly what to do), then check it:
+Write tp_mlp_forward() below (its docstring is the contract: what must hold), then check it:
     check("tp_mlp_forward")                                 in the notebook
     python -m ddp_tutorial.exercises check tp_mlp_forward   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.

@@ -1,10 +1,10 @@
 """Exercise 13.1 (hard), lesson 13_sharding.ipynb: one ZeRO-1 step: reduce-scatter, Adam on my slice, all-gather.
 
-Write zero1_step() below (its docstring says exactly what to do), then check it:
+Write zero1_step() below (its docstring is the contract: what must hold), then check it:
     check("zero1_step")                                 in the notebook
     python -m ddp_tutorial.exercises check zero1_step   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
-A hint: python -m ddp_tutorial.exercises show zero1_step
+Hints, one at a time: python -m ddp_tutorial.exercises show zero1_step [--hint 2 .. 3]
 Start again from the stub: python -m ddp_tutorial.exercises reset zero1_step
 """
 
