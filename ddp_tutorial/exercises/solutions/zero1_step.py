@@ -7,8 +7,11 @@ delivers exactly that (the sum; divide by ``n``). Adam then updates the slice of
 parameters (a view of ``params_flat``, so in place), and an all-gather sends every rank
 every updated slice. A reduce-scatter plus an all-gather carry the same bytes as DDP's one
 all-reduce (a ring all-reduce is the two), so ZeRO-1 saves memory at no extra traffic.
-The input of the all-gather is a copy: it must not alias its output. ``ddp_tutorial.sharding.zero``
-does the same for a whole model (``ShardedOptimizer``).
+The all-gather's input is this rank's slice of its own output: an in-place all-gather,
+which NCCL documents (``sendbuff == recvbuff + rank * count``), FSDP2 relies on and gloo
+handles; a copy (``mine.clone()``) works as well. What must not happen is an input that
+overlaps another rank's place in the output. ``ddp_tutorial.sharding.zero`` does the same
+for a whole model (``ShardedOptimizer``).
 """
 
 from __future__ import annotations

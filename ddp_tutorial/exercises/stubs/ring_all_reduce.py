@@ -27,6 +27,9 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
       collectives are refused;
     - no rank waits for a peer that is itself waiting (post each step's send and receive
       together).
+    With fewer elements than ranks some chunks are empty: they need no special case (a
+    message of zero elements is valid); skipping one is a saving that sender and receiver
+    must both make.
     Work it out on paper for ``n = 3`` first; then, from the idea to the formulas:
     ``show("ring_all_reduce", hint=1)``, 2, 3.
     """
