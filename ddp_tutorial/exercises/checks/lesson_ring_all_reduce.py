@@ -64,8 +64,11 @@ def phase_of(c: int, world_size: int, finished_right: list[bool]) -> str:
 
 
 def wrong_chunk(rank: int, world_size: int, x: torch.Tensor, expected: torch.Tensor,
-                finished_right: list[bool]) -> str:
-    """Name the first wrong chunk, what its first wrong element holds, the phase that made it, the likely mistake."""
+                finished_right: list[bool], sends: int) -> str:
+    """Name the first wrong chunk, what its first wrong element holds, the phase that made it, the likely mistake.
+
+    ``sends``: how many messages this rank sent (fewer than 2 (n - 1): the all-gather is short).
+    """
     got, want = x.reshape(-1).double().cpu(), expected.reshape(-1).double().cpu()
     bounds = segment_bounds(got.numel(), world_size)
     right = [c for c, (a, b) in enumerate(bounds) if b > a and torch.equal(got[a:b], want[a:b])]
@@ -98,7 +101,7 @@ def wrong_chunk(rank: int, world_size: int, x: torch.Tensor, expected: torch.Ten
     if counts is not None and max(counts) > 1:
         return text + ("It was added on top of the partial sum: the all-gather copies the finished chunk "
                        "(receive straight into it), it does not add.")
-    if right == [(rank + 1) % world_size]:
+    if right == [(rank + 1) % world_size] and sends < 2 * (world_size - 1):
         return text + (f"Only chunk {(rank + 1) % world_size}, the one this rank finishes, is complete: the "
                        "all-gather, which passes every finished chunk once around the ring, is missing or "
                        "stops early.")
@@ -154,7 +157,8 @@ def ring_all_reduce_worker(rank: int, world_size: int, source: str, function: st
             if not torch.equal(x, expected):
                 if result is not x and same_values(result, expected):  # right values, not in place
                     return returned_in_place(function, result, x, expected)
-                return wrong_chunk(rank, world_size, x, expected, finished_right)
+                sends = sum(call.kind in ("send", "isend") for call in trace.calls)
+                return wrong_chunk(rank, world_size, x, expected, finished_right, sends)
             return (returned_in_place(function, result, x, expected) or neighbours_only(trace, rank, world_size)
                     or traffic(trace, world_size, x.numel()))
 
