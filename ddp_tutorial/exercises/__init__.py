@@ -3,10 +3,11 @@
 In a notebook::
 
     from ddp_tutorial.exercises import check, show
-    show("ring_all_reduce")    # the task, the signature, your file, a hint, what is checked
+    show("ring_all_reduce")    # the task, the signature, your file, hint 1, what is checked
+    show("ring_all_reduce", hint=2)   # the next hint (the hard exercises have 3: idea to formulas)
     check("ring_all_reduce")   # PASS, or FAIL with the first wrong rank / chunk / parameter
 
-From a shell: ``python -m ddp_tutorial.exercises list | show NAME | check NAME
+From a shell: ``python -m ddp_tutorial.exercises list | show NAME [--hint K] | check NAME
 [--solution | --file PATH] | reset NAME``. Your copies live in ``my_exercises/`` at
 the top of the repository (git ignores it), seeded from ``exercises/stubs`` on first
 use (``workspace`` says where else). The modules: ``spec`` (one exercise),
@@ -31,9 +32,13 @@ def learner_file(name: str) -> str:
     return workspace.shown(workspace.learner_file(name))
 
 
-def show(name: str) -> None:
-    """Print exercise ``name``'s card: task, signature, your file, hint, what the checker tests."""
-    print(describe(name, workspace.shown(workspace.learner_path(name))))
+def show(name: str, hint: int | None = None) -> None:
+    """Print exercise ``name``'s card: task, signature, your file, hint 1, what the checker tests.
+
+    ``hint=k`` prints hint ``k`` instead: 1 is the idea, the last one (3 for the hard
+    exercises) the formulas. Try each on paper before asking for the next.
+    """
+    print(describe(name, workspace.shown(workspace.learner_path(name)), hint=hint))
 
 
 def reset(name: str) -> str:

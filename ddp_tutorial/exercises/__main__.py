@@ -1,6 +1,7 @@
-"""``python -m ddp_tutorial.exercises list | show NAME | check NAME [--solution | --file PATH] | reset NAME``.
+"""``python -m ddp_tutorial.exercises list | show NAME [--hint K] | check NAME [--solution | --file PATH] | reset NAME``.
 
-Exit codes: 0 passed (or done), 1 the check failed, 2 a usage error (unknown name, no such file).
+Exit codes: 0 passed (or done), 1 the check failed (or the stub is untouched), 2 a usage error
+(unknown name, no such file, no such hint).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 
 from ddp_tutorial.exercises import reset, show, workspace
 from ddp_tutorial.exercises.checker import DEFAULT_TIMEOUT, run_check
-from ddp_tutorial.exercises.registry import UnknownExercise, listing
+from ddp_tutorial.exercises.registry import NoSuchHint, UnknownExercise, listing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("list", help="every exercise, lesson by lesson")
     show_cmd = commands.add_parser("show", help="an exercise's task, signature, hint and what is checked")
     show_cmd.add_argument("name")
+    show_cmd.add_argument("--hint", type=int, metavar="K", help="hint K only: 1 the idea, the last the formulas")
     check_cmd = commands.add_parser("check", help="check your copy of an exercise (or --solution, or --file)")
     check_cmd.add_argument("name")
     source = check_cmd.add_mutually_exclusive_group()
@@ -37,13 +39,13 @@ def main(argv: list[str] | None = None) -> int:
                   "check one: python -m ddp_tutorial.exercises check NAME")
             return 0
         if args.command == "show":
-            show(args.name)
+            show(args.name, hint=args.hint)
             return 0
         if args.command == "reset":
             reset(args.name)
             return 0
         result = run_check(args.name, file=args.file, solution=args.solution, timeout=args.timeout)
-    except (UnknownExercise, FileNotFoundError) as err:
+    except (UnknownExercise, NoSuchHint, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(result)

@@ -33,9 +33,15 @@ class CheckResult:
     name: str
     passed: bool
     message: str
+    started: bool = True  # False: the learner's file is still the fresh stub (a to-do, not a failure)
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL, or TO DO for an untouched stub (``check`` returns False for it all the same)."""
+        return "PASS" if self.passed else "FAIL" if self.started else "TO DO"
 
     def __str__(self) -> str:
-        return textwrap.fill(f"{'PASS' if self.passed else 'FAIL'} {self.message}", width=100,
+        return textwrap.fill(f"{self.verdict} {self.message}", width=100,
                              break_long_words=False, break_on_hyphens=False)
 
 
@@ -70,7 +76,7 @@ def run_check(name: str, *, file: str | Path | None = None, solution: bool = Fal
     except SyntaxError as err:
         return fail(f"line {err.lineno}: SyntaxError: {err.msg}. Fix it and check again")
     if untouched(text, e.function):
-        return CheckResult(name, False, e.not_implemented(shown))
+        return CheckResult(name, False, e.not_implemented(shown), started=False)
     total = 0
     for world_size in e.world_sizes:
         with tempfile.TemporaryDirectory(prefix="ddp_tutorial_check_") as trace_dir:
@@ -81,7 +87,7 @@ def run_check(name: str, *, file: str | Path | None = None, solution: bool = Fal
                 return fail(hang(e, err, world_size, timeout, trace_dir))
             except WorkerError as err:
                 if err.rank >= 0 and "NotImplementedError" in str(err).splitlines()[0]:
-                    return CheckResult(name, False, e.not_implemented(shown) + " (it still raises NotImplementedError)")
+                    return CheckResult(name, False, e.still_raises(shown))
                 return fail(crash(err, world_size, source, trace_dir))
         for rank, report in enumerate(reports):
             if report["problem"] is not None:

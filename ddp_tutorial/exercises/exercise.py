@@ -28,7 +28,7 @@ class Exercise:
     title: str
     level: str
     task: str  # the short statement; the solution's docstring (copied into the stub) is the contract
-    hint: str
+    hint: str  # hint 1: the idea; ``more_hints`` go further, the last one up to the formulas
     checks: str  # what the checker tests, besides the world sizes
     worker: Callable[..., Any]
     world_sizes: tuple[int, ...] = (1, 2, 3)
@@ -36,12 +36,18 @@ class Exercise:
     hang_hint: str = ("a deadlock: each stuck rank waits for a peer that is itself waiting. Post the "
                       "receive together with the send (isend + irecv, then wait on both), or order "
                       "blocking calls so that every send meets a posted recv")
+    more_hints: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
             raise ValueError(f"exercise {self.name}: level must be one of {LEVELS}, got {self.level!r}")
         if not self.notebook.startswith(f"{self.lesson:02d}_"):
             raise ValueError(f"exercise {self.name}: notebook {self.notebook} is not lesson {self.lesson:02d}")
+
+    @property
+    def hints(self) -> tuple[str, ...]:
+        """The graduated hints, from the idea (1) to the formulas (the last): ``show(name, hint=k)``."""
+        return (self.hint, *self.more_hints)
 
     @property
     def function(self) -> str:
@@ -70,7 +76,16 @@ class Exercise:
         return f"{self.function}({params})"
 
     def not_implemented(self, learner_file: str = f"{LEARNER_FOLDER_NAME}/<name>.py") -> str:
-        """What an untouched stub says; ``learner_file`` as the learner should read it."""
+        """What an untouched stub says; ``learner_file`` as the learner should read it.
+
+        A fresh stub is where every learner starts, so the message says so, and what to do next.
+        """
         where = learner_file.replace("<name>", self.name)
-        return (f"exercise {self.number} ({self.name}): not implemented yet: open {where} and write it; "
-                f"lesson {self.notebook} explains it")
+        return (f"exercise {self.number} ({self.name}): not started yet, as expected for a fresh stub: {where} "
+                f"still raises NotImplementedError. Next: write {self.function}() there (its docstring is the "
+                f"contract, lesson {self.notebook} explains it, show({self.name!r}) gives hints), then check again")
+
+    def still_raises(self, learner_file: str) -> str:
+        """What a stub with code added above its ``raise NotImplementedError`` line says."""
+        return (f"exercise {self.number} ({self.name}): {learner_file} still raises NotImplementedError (the "
+                "stub's last line): delete that line once your code is in place, then check again")

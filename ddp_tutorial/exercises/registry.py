@@ -49,15 +49,38 @@ def listing() -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths)) + "  " + row[4] for row in rows)
 
 
-def describe(name: str, learner_file: str) -> str:
-    """The exercise card: task, signature, file, hint, what the checker tests, how to check."""
+class NoSuchHint(ValueError):
+    """The exercise has fewer hints than asked for."""
+
+
+def hint_text(e: Exercise, level: int) -> str:
+    """Hint ``level`` (1 = the idea) of ``e``, with where the next one is; NoSuchHint past the last."""
+    hints = e.hints
+    if not 1 <= level <= len(hints):
+        raise NoSuchHint(f"exercise {e.name} has hint{'s 1 to' if len(hints) > 1 else ''} {len(hints)}, not {level}")
+    more = (f" (more: show({e.name!r}, hint={level + 1}), or python -m ddp_tutorial.exercises show {e.name} "
+            f"--hint {level + 1})") if level < len(hints) else ""
+    label = f"hint {level} of {len(hints)}" if len(hints) > 1 else "hint"
+    return f"{label}: {hints[level - 1]}{more}"
+
+
+def describe(name: str, learner_file: str, *, hint: int | None = None) -> str:
+    """The exercise card: task, signature, file, hint 1, what the checker tests, how to check.
+
+    With ``hint=k``: the card's header and hint ``k`` only (1 the idea, the last the formulas).
+    """
     e = get(name)
+    wrap = lambda label, text: textwrap.fill(text, width=100, initial_indent=f"  {label + ': ':<9}",  # noqa: E731  (a one-line helper, read beside its uses)
+                                             subsequent_indent=" " * 11, break_long_words=False,
+                                             break_on_hyphens=False)
+    head = f"Exercise {e.number} ({e.level}), lesson {e.notebook}: {e.title}"
+    if hint is not None:
+        label, _, text = hint_text(e, hint).partition(": ")
+        return "\n".join([head, wrap(label.replace(" of ", "/"), text)])
+    first = hint_text(e, 1).partition(": ")[2]
     fields = [("task", e.task), ("write", e.signature()),
-              ("in", f"{learner_file} (its docstring is the full contract)"), ("hint", e.hint),
+              ("in", f"{learner_file} (its docstring is the full contract)"),
+              ("hint" if len(e.hints) == 1 else f"hint 1/{len(e.hints)}", first),
               ("checked", f"on world sizes {', '.join(map(str, e.world_sizes))}; {e.checks}."),
               ("check", f"check({e.name!r}) here, or python -m ddp_tutorial.exercises check {e.name}")]
-    lines = [f"Exercise {e.number} ({e.level}), lesson {e.notebook}: {e.title}"]
-    for label, text in fields:
-        lines.append(textwrap.fill(text, width=100, initial_indent=f"  {label + ':':<9}", subsequent_indent=" " * 11,
-                                   break_long_words=False, break_on_hyphens=False))
-    return "\n".join(lines)
+    return "\n".join([head] + [wrap(label, text) for label, text in fields])

@@ -24,14 +24,21 @@ def header(e: Exercise) -> str:
     return textwrap.dedent(f'''\
         """Exercise {e.number} ({e.level}), lesson {e.notebook}: {e.title}.
 
-        Write {e.function}() below (its docstring says exactly what to do), then check it:
+        Write {e.function}() below (its docstring is the contract: what must hold), then check it:
             check("{e.name}")                                 in the notebook
             python -m ddp_tutorial.exercises check {e.name}   from a shell
         The checker's ranks read this file afresh each time: an edit counts at once.
-        A hint: python -m ddp_tutorial.exercises show {e.name}
+        {hints_line(e)}
         Start again from the stub: python -m ddp_tutorial.exercises reset {e.name}
         """
         ''')
+
+
+def hints_line(e: Exercise) -> str:
+    """Where the hints are: one, or graduated ones (``--hint 2`` and on)."""
+    if len(e.hints) == 1:
+        return f"A hint: python -m ddp_tutorial.exercises show {e.name}"
+    return (f"Hints, one at a time: python -m ddp_tutorial.exercises show {e.name} [--hint 2 .. {len(e.hints)}]")
 
 
 def not_implemented_line(e: Exercise, indent: str) -> str:

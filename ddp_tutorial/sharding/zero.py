@@ -102,7 +102,8 @@ class ShardedOptimizer:
         self.optimizer.step()  # Adam on 1/N of the elements: its state is 1/N of DDP's
         if self.stage == 1:
             self.shard.grad = None  # ZeRO-1 keeps the full gradients (like DDP); the slice was for this update
-        # Everyone receives every updated slice (the input is a copy: it must not alias the output).
+        # Everyone receives every updated slice. A copy as input is safe; the slice itself would do too
+        # (exactly this rank's place in the output: an in-place all-gather, as FSDP2 does).
         all_gather_single(self.flat, self.shard.detach().clone(), group=self.group)
 
     def footprint(self) -> Footprint:

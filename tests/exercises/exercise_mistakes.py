@@ -59,11 +59,27 @@ def hooks(old: str, new: str) -> str:
 MISTAKES = {
     "ring skips the all-gather": (
         "ring_all_reduce", RING_START + REDUCE_SCATTER + "    return tensor\n",
-        ["rank 0", "chunk 0", "rank 1 missing", "all-gather phase"], 20),
+        ["rank 0", "chunk 0", "rank 1 missing", "The all-gather phase made it wrong", "missing or stops early"], 20),
     "ring sends the wrong chunk (off by one)": (
         "ring_all_reduce", RING_START + REDUCE_SCATTER.replace("step((rank - t) % n", "step((rank - t + 1) % n")
         + ALL_GATHER + "    return tensor\n",
-        ["rank 0", "chunk 0", "off by one"], 20),
+        ["rank 0", "chunk 0", "The reduce-scatter phase made it wrong", "off by one"], 20),
+    "ring overwrites instead of adding in the reduce-scatter": (
+        "ring_all_reduce", RING_START + REDUCE_SCATTER.replace("target.add_(", "target.copy_(")
+        + ALL_GATHER + "    return tensor\n",
+        ["rank 0", "The reduce-scatter phase made it wrong", "add_, not copy_"], 20),
+    "ring adds instead of copying in the all-gather": (
+        "ring_all_reduce", RING_START + REDUCE_SCATTER + """    for t in range(n - 1):
+        target = chunks[(rank - t) % n]
+        step((rank + 1 - t) % n, buf[:target.numel()])
+        target.add_(buf[:target.numel()])
+    return tensor
+""", ["rank 0", "The all-gather phase made it wrong", "copies the finished chunk"], 20),
+    "ring receives into the wrong chunk in the all-gather": (
+        "ring_all_reduce", RING_START + REDUCE_SCATTER + ALL_GATHER.replace("chunks[(rank - t) % n]",
+                                                                            "chunks[(rank - t - 1) % n]")
+        + "    return tensor\n",
+        ["world of 2", "The all-gather phase made it wrong", "landed at another chunk's place"], 20),
     "ring deadlocks: every rank sends first": (
         "ring_all_reduce", RING_START + REDUCE_SCATTER.replace(
             "step((rank - t) % n, buf[:target.numel()])",
@@ -112,6 +128,13 @@ MISTAKES = {
     "hooks give every parameter the same slice": (
         "bucketed_grad_hooks", hooks("offset += params[i].numel()", "pass"),
         ["rank 0 of a world of 1", "case toy model, one bucket", "parameter net1.bias", "differs from the mean"], 20),
+    "hooks registered with register_hook": (
+        "bucketed_grad_hooks", hooks("torch.div(param.grad, world_size, out=slices[index])",
+                                     "torch.div(param, world_size, out=slices[index])")
+        .replace("p.register_post_accumulate_grad_hook(lambda param, i=i: hook(i, param))",
+                 "p.register_hook(lambda grad, i=i: hook(i, grad))"),
+        ["rank 0 of a world of 1", "net1.weight's hook was registered with register_hook",
+         "register_post_accumulate_grad_hook"], 20),
     "ring_shift deadlocks: blocking send first": (
         "ring_shift", RING_SHIFT_START + """        dist.send(held, dst=(rank + 1) % n)
         dist.recv(held, src=(rank - 1) % n)
@@ -141,4 +164,15 @@ MISTAKES = {
         "init_from_file", HEAD + """def init_from_file(rank, world_size, path):
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 """, ["rank 0", "not made through the file", "file://"], 20),
+}
+
+# Other right answers the checker must accept: name -> (exercise, source, timeout in seconds)
+ALSO_RIGHT = {
+    "ring skips empty chunks on both sides (fewer elements than ranks)": (
+        "ring_all_reduce", RING_START.replace(
+            "        works = [dist.isend(chunks[send], dst=right), dist.irecv(into, src=left)]",
+            "        # the receiver's chunk is the sender's, and every rank computes the same sizes: both skip it\n"
+            "        works = ([dist.isend(chunks[send], dst=right)] if chunks[send].numel() else [])\n"
+            "        works += [dist.irecv(into, src=left)] if into.numel() else []")
+        + REDUCE_SCATTER + ALL_GATHER + "    return tensor\n", 20),
 }

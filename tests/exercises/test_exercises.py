@@ -27,8 +27,10 @@ from ddp_tutorial.exercises.stubgen import stale_stubs
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = list(EXERCISES)
 # Typical wrong answers, one module per group of lessons: name -> (exercise, source, words, timeout)
-MISTAKES = {name: mistake for path in sorted(Path(__file__).parent.glob("exercise_mistakes*.py"))
-            for name, mistake in importlib.import_module(path.stem).MISTAKES.items()}
+MODULES = [importlib.import_module(path.stem) for path in sorted(Path(__file__).parent.glob("exercise_mistakes*.py"))]
+MISTAKES = {name: mistake for module in MODULES for name, mistake in module.MISTAKES.items()}
+# Right answers other than the reference (each must pass): name -> (exercise, source, timeout)
+ALSO_RIGHT = {name: right for module in MODULES for name, right in getattr(module, "ALSO_RIGHT", {}).items()}
 
 
 @pytest.fixture
@@ -55,7 +57,11 @@ def test_an_untouched_stub_fails_fast_with_the_not_implemented_message(name, lea
     assert time.monotonic() - start < 2  # no rank is started for a stub
     assert not result.passed
     assert result.message == EXERCISES[name].not_implemented(workspace.shown(learner_dir / f"{name}.py"))
-    assert result.message.startswith(f"exercise {EXERCISES[name].number} ({name}): not implemented yet: open ")
+    # a fresh stub is the expected start, not a failure: the verdict and the message say so, and what next
+    assert str(result).startswith("TO DO ") and not str(result).startswith("FAIL")
+    assert result.message.startswith(f"exercise {EXERCISES[name].number} ({name}): not started yet, as expected "
+                                     "for a fresh stub: ")
+    assert f"Next: write {name}() there" in result.message and "then check again" in result.message
     # called, the stub raises the message it was generated with (the default learner folder's)
     stub = load_function(str(workspace.stub_file(name)), name)
     with pytest.raises(NotImplementedError) as raised:
@@ -70,7 +76,8 @@ def test_a_stub_with_code_above_its_raise_is_still_not_implemented(learner_dir):
     path.write_text(path.read_text().replace("    # Your code here", code))
     result = run_check("scatter_p2p")
     assert not result.passed
-    assert "not implemented yet" in result.message and "still raises NotImplementedError" in result.message
+    assert result.started and str(result).startswith("FAIL ")  # started: a real failure now
+    assert "still raises NotImplementedError" in result.message and "delete that line" in result.message
 
 
 @pytest.mark.parametrize("mistake", MISTAKES)
@@ -82,6 +89,15 @@ def test_a_typical_mistake_is_diagnosed(mistake, tmp_path):
     assert not result.passed, f"{mistake}: passed"
     for word in words:
         assert word in result.message, f"{mistake}: {word!r} not in: {result.message}"
+
+
+@pytest.mark.parametrize("variant", ALSO_RIGHT)
+def test_another_right_answer_passes(variant, tmp_path):
+    name, source, timeout = ALSO_RIGHT[variant]
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    result = run_check(name, file=path, timeout=timeout)
+    assert result.passed, f"{variant}: {result.message}"
 
 
 def test_every_hard_exercise_has_two_mistakes_or_more():
@@ -145,7 +161,7 @@ def test_seeding_keeps_work_and_reset_restores_the_stub(learner_dir, capsys):
 def test_fresh_mode_checks_the_stub_and_writes_nothing(learner_dir, monkeypatch):
     monkeypatch.setenv(workspace.FRESH_ENV, "1")
     result = run_check("ring_shift")
-    assert "not implemented yet" in result.message
+    assert "not started yet" in result.message
     assert not learner_dir.exists()
 
 
@@ -153,7 +169,35 @@ def test_show_prints_the_card(learner_dir, capsys):
     show("ring_all_reduce")
     out = capsys.readouterr().out
     assert "Exercise 5.1 (hard), lesson 05_ring_all_reduce.ipynb" in out
-    assert "ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor" in out and "hint:" in out
+    assert "ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor" in out and "hint 1/3:" in out
+
+
+# What the stubs' docstrings used to spell out, now in the last hints only
+HOW = {"ring_all_reduce": ["(rank - t - 1) % n", "(rank + 1 - t) % n"],
+       "bucketed_grad_hooks": ["p.grad / world_size", "async_op=True"],
+       "zero1_step": ["(1 - b1 ** step)", "sqrt(v"]}
+
+
+@pytest.mark.parametrize("name", HOW)
+def test_a_hard_exercise_has_three_graduated_hints_and_a_docstring_that_is_a_contract(name, learner_dir, capsys):
+    e = EXERCISES[name]
+    assert len(e.hints) == 3
+    show(name)
+    card = capsys.readouterr().out
+    assert "hint 1/3:" in card and f"show({name!r}, hint=2)" in card and e.hints[1][:40] not in card
+    for level in (1, 2, 3):
+        show(name, hint=level)
+        out = capsys.readouterr().out
+        assert f"hint {level}/3:" in out and " ".join(e.hints[level - 1].split()[:6]) in " ".join(out.split())
+        assert (f"hint={level + 1}" in out) == (level < 3)
+    with pytest.raises(ValueError, match="not 4"):
+        show(name, hint=4)
+    # the stub keeps the contract (what holds after the call) and points to the hints, not to the formulas
+    stub = workspace.stub_file(name).read_text()
+    assert f'show("{name}", hint=1)' in stub
+    for formula in HOW[name]:
+        assert formula not in stub, formula
+        assert any(formula in hint for hint in e.hints), formula  # moved, not lost
 
 
 def test_cli_exit_codes(learner_dir, tmp_path, capsys):
@@ -161,7 +205,11 @@ def test_cli_exit_codes(learner_dir, tmp_path, capsys):
     assert "ring_all_reduce" in capsys.readouterr().out
     assert main(["check", "scatter_p2p", "--solution"]) == 0
     assert main(["check", "scatter_p2p"]) == 1
-    assert "not implemented yet" in capsys.readouterr().out
+    assert "TO DO exercise 4.1 (scatter_p2p): not started yet" in capsys.readouterr().out
+    assert main(["show", "ring_all_reduce", "--hint", "3"]) == 0
+    assert "hint 3/3:" in capsys.readouterr().out
+    assert main(["show", "ring_all_reduce", "--hint", "4"]) == 2
+    assert "has hints 1 to 3, not 4" in capsys.readouterr().err
     assert main(["check", "scatter_p2p", "--file", str(workspace.solution_file("scatter_p2p"))]) == 0
     assert main(["check", "no_such_exercise"]) == 2
     assert main(["check", "scatter_p2p", "--file", str(tmp_path / "missing.py")]) == 2

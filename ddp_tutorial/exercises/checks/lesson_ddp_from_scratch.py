@@ -3,7 +3,8 @@
 The reference is one process doing what all ranks do: every rank's batch through an
 identical copy of the model, the gradients averaged. The learner's all-reduces are
 recorded (``tracing``): one per bucket, in bucket order, asynchronous, and started
-while backward still runs (the whole point of buckets).
+while backward still runs (the whole point of buckets); so is which kind of hook is
+registered: ``register_post_accumulate_grad_hook``, as the contract says.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ddp_tutorial.data_parallel.ddp_from_scratch import assign_buckets
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
-from ddp_tutorial.exercises.tracing import Call, traced
+from ddp_tutorial.exercises.tracing import Call, hook_registrations, traced
 from ddp_tutorial.models import make_model
 
 # (model, what the buckets look like, bucket_cap_mb): float64 parameters
@@ -89,7 +90,14 @@ def bucketed_grad_hooks_worker(rank: int, world_size: int, source: str, function
             params, names = list(model.parameters()), [n for n, _ in model.named_parameters()]
             buckets = assign_buckets(params, cap_mb, first_bucket_mb=None)
             bucket_of = {i: b for b, indices in enumerate(buckets) for i in indices}
-            finish = fn(params, buckets)
+            with hook_registrations() as registered:
+                finish = fn(params, buckets)
+            early = [names[i] for i, p in enumerate(params) if ("register_hook", id(p)) in registered]
+            if early:
+                return (f"{early[0]}'s hook was registered with register_hook, which runs when the gradient is "
+                        "computed, before it is accumulated into p.grad: with gradient accumulation (no_sync) "
+                        "or a parameter used twice it sees a partial gradient. The contract names "
+                        "p.register_post_accumulate_grad_hook(hook): it calls hook(p) once p.grad is final")
             if not callable(finish):
                 return f"{function} returned {type(finish).__name__}, not the function finish()"
             for step in range(1, STEPS + 1):
@@ -126,13 +134,25 @@ EXERCISES = [
         task=("Write what makes DDP fast: gradient hooks that fill buckets as backward produces the "
               "gradients, start one asynchronous all-reduce per full bucket (in bucket order), and a "
               "finish() that waits and puts the mean over ranks into every p.grad."),
-        hint=("Keep per bucket a flat tensor and a count of missing gradients. In the hook: "
-              "torch.div(p.grad, world_size, out=slice); count down; while the next bucket in order has no "
-              "gradient missing, works.append(dist.all_reduce(flat, async_op=True)). finish(): wait, copy "
-              "each slice into p.grad, reset the counts."),
+        hint=("DDP's trick: a bucket's all-reduce can start the moment its last gradient exists, while "
+              "backward still computes the others. So the hooks must know, per bucket, how many of its "
+              "gradients are still missing, and where each gradient goes in the bucket's one flat tensor. "
+              "Dividing by the world size can happen before the sum: the sum of the shares is the mean."),
+        more_hints=(
+            ("Set up once: per bucket a flat tensor (torch.zeros of the summed numel, the parameters' dtype "
+             "and device), per parameter its slice as a view (flat[offset:offset + numel].view_as(p)), per "
+             "bucket a count of missing gradients. A bucket that fills before an earlier one must wait for "
+             "it: launch buckets strictly in order. finish() waits, copies each slice back into p.grad, "
+             "and resets the counts."),
+            ("In the hook for parameter i: torch.div(p.grad, world_size, out=slices[i]) (that is, "
+             "p.grad / world_size into its slice); count down its bucket; then, while the next bucket in "
+             "order has no gradient missing, works.append(dist.all_reduce(flats[len(works)], "
+             "async_op=True)). finish(): for w in works: w.wait(); p.grad.copy_(slices[i]) for every "
+             "parameter; works.clear(); reset the counts.")),
         checks=("a 4-parameter and a 6-parameter model in float64, with one bucket per parameter, one "
                 "bucket, and buckets of at most 2 KB; two backward passes each; every gradient compared "
                 "with the mean over ranks computed in one process; exactly one asynchronous all-reduce per "
-                "bucket, in bucket order, each started before backward returned"),
+                "bucket, in bucket order, each started before backward returned; hooks registered with "
+                "register_post_accumulate_grad_hook"),
         worker=bucketed_grad_hooks_worker),
 ]

@@ -2,8 +2,11 @@
 
 The reference is one process doing SGD on all ranks' batches concatenated (the global
 batch), from the same seeded model, in float64. After each of three steps the checker
-compares the returned loss with the global batch's loss and every parameter with the
-reference; a step ``n`` times too long, or a loss that is this rank's own, is named.
+compares the returned loss with the global batch's loss, every parameter with the
+reference, and every ``p.grad`` with the global batch's gradient (so a summed gradient
+made up for by a learning rate divided by ``n`` is caught: weight decay, momentum, Adam or
+clipping would all read the wrong gradient); a step ``n`` times too long, or a loss that is
+this rank's own, is named.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def fix_summed_loss_worker(rank: int, world_size: int, source: str, function: st
                 x_all, y_all = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
                 global_loss = nn.functional.mse_loss(reference(x_all), y_all)
                 global_loss.backward()
+                mean_grads = [p.grad.detach().clone() for p in reference.parameters()]
                 with torch.no_grad():
                     local_loss = nn.functional.mse_loss(reference(batches[rank][0]), batches[rank][1]).item()
                     for p in reference.parameters():
@@ -74,6 +78,20 @@ def fix_summed_loss_worker(rank: int, world_size: int, source: str, function: st
                         return at + f"parameter {name} did not change: the SGD update is missing"
                     return at + (f"parameter {name} differs from one process on the global batch by up to "
                                  f"{(p - want).abs().max().item():.3g}")
+                for name, p, want in zip(names, model.parameters(), mean_grads):
+                    g = None if p.grad is None else p.grad.detach().cpu()
+                    if g is None:
+                        return at + f"the parameters are right, but {name}.grad is None after the step"
+                    if close(g, want):
+                        continue
+                    if n > 1 and close(g, n * want):
+                        return at + (f"the parameters are right, but {name}.grad is the sum over the {n} ranks, "
+                                     "not the global batch's gradient (their mean): a learning rate divided by "
+                                     "n makes up for it in plain SGD only; weight decay, momentum, Adam or "
+                                     "gradient clipping read p.grad and go wrong. Divide the gradients by the "
+                                     "world size")
+                    return at + (f"the parameters are right, but {name}.grad differs from the global batch's "
+                                 f"gradient by up to {(g - want).abs().max().item():.3g}")
                 if not isinstance(got, float):
                     return at + f"returned {type(got).__name__}, not the loss as a float (loss.item())"
                 if not close(got, global_loss.item()):
@@ -103,6 +121,7 @@ EXERCISES = [
               "the same gradient; what does the all-reduce give? And whose loss does rank 0 print?"),
         checks=("a linear model and a 2-layer MLP in float64, three SGD steps on 4 samples per rank with "
                 "different data on every rank; every parameter compared with one process doing SGD on all "
-                "ranks' batches concatenated, and the returned loss with that global batch's loss"),
+                "ranks' batches concatenated, every p.grad with that global batch's gradient, and the "
+                "returned loss with that global batch's loss"),
         worker=fix_summed_loss_worker),
 ]

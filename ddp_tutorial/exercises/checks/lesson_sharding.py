@@ -5,7 +5,9 @@ with the gradient averaged over every rank's gradient (each rank makes every ran
 gradient from the same seeds), i.e. DDP + Adam. After each of three steps the checker
 compares this rank's Adam state with the reference state's slice ``r`` (which names a
 wrong slice, a sum for a mean, a missing reduce-scatter), then the whole parameter vector
-(which names a missing all-gather).
+(which names a missing all-gather). The collectives are recorded: with more than one rank,
+each step is exactly one reduce-scatter then one all-gather (an all-reduce of the whole
+gradient gives the same numbers for more traffic, and is refused).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
-from ddp_tutorial.exercises.tracing import traced
+from ddp_tutorial.exercises.tracing import ALL_GATHERS, COLLECTIVES, REDUCE_SCATTERS, Call, traced
 
 SLICES = (3, 1, 5)  # elements per rank: numel = slice * world size
 STEPS, LR = 3, 0.1
@@ -81,9 +83,26 @@ def wrong_params(got: torch.Tensor, want: torch.Tensor, before: torch.Tensor, ra
             "rank * s .. (rank + 1) * s, and does the all-gather put the slices back in rank order?")
 
 
+def wrong_collectives(calls: list[Call], numel: int, n: int) -> str | None:
+    """ZeRO-1's traffic: one reduce-scatter of the gradients, then one all-gather of the parameters."""
+    kinds = [c.kind for c in calls]
+    if len(kinds) == 2 and kinds[0] in REDUCE_SCATTERS and kinds[1] in ALL_GATHERS:
+        return None
+    said = ", ".join(f"dist.{k}" for k in kinds) or "none"
+    if any(k == "all_reduce" for k in kinds):
+        return (f"the numbers are right, but its collectives were {said}: an all-reduce gives every rank all "
+                f"{numel} summed gradients, 2 (n - 1) / n of the vector sent per rank, where ZeRO-1 needs only "
+                "its own slice. One reduce-scatter ((n - 1) / n) then one all-gather ((n - 1) / n) is DDP's "
+                "traffic; the all-reduce and the all-gather together are 3 (n - 1) / n, half as much again. "
+                "Use reduce_scatter_single for the gradients")
+    return (f"the numbers are right, but its collectives were {said}; a ZeRO-1 step is exactly one "
+            "reduce-scatter of the gradients (reduce_scatter_single) then one all-gather of the updated "
+            "slices (all_gather_single)")
+
+
 def zero1_step_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
     """Each slice size in ``SLICES``: ``STEPS`` steps against one process's ``torch.optim.Adam``."""
-    with traced(rank, trace_dir) as trace:
+    with traced(rank, trace_dir, record=COLLECTIVES) as trace:
         fn = load_function(source, function)
         n = world_size
 
@@ -100,6 +119,7 @@ def zero1_step_worker(rank: int, world_size: int, source: str, function: str, tr
                 reference.grad = sum(grads) / n
                 adam.step()
                 before = params.detach().cpu().clone()
+                start = len(trace.calls)
                 result = fn(params, grads[rank].clone().to(rank_device()), state, LR)
                 at = f"step {step}: "
                 if result is not None:
@@ -113,6 +133,8 @@ def zero1_step_worker(rank: int, world_size: int, source: str, function: str, tr
                     if wrong:
                         return at + wrong
                 wrong = wrong_params(params.detach().cpu(), reference.detach(), before, rank, n, s)
+                if not wrong and n > 1:
+                    wrong = wrong_collectives(trace.calls[start:], numel, n)
                 if wrong:
                     return at + wrong
             return None
@@ -129,12 +151,25 @@ EXERCISES = [
         task=("Write one optimizer step of ZeRO-1 on a flat parameter vector: reduce-scatter the "
               "gradients to the mean of my slice, Adam on my slice with my slice's state only, all-gather "
               "the updated slices; every rank ends with what DDP + Adam gives."),
-        hint=("s = numel // n; mine = params_flat[rank * s:(rank + 1) * s] is a view, so updating it in place "
-              "updates params_flat. reduce_scatter_single(out, grads_flat) gives my slice of the sum. "
-              "all_gather_single(params_flat, mine.clone()) puts everyone's slices back."),
+        hint=("Adam is elementwise: the update of element i needs only element i's gradient and state. "
+              "So rank r can own one slice of the vector, keep Adam's state for it alone, and needs the "
+              "mean gradient of that slice only: which collective delivers exactly that? And how does "
+              "every rank get the slices the others updated?"),
+        more_hints=(
+            ("Slices of s = numel // n elements: rank r owns params_flat[r * s:(r + 1) * s], a view (updated "
+             "in place, it updates params_flat). reduce_scatter_single(out, grads_flat) from "
+             "ddp_tutorial.comm.collectives puts the sum of every rank's slice r into out (s elements) on "
+             "rank r; divide by n. all_gather_single(params_flat, my_slice) fills params_flat with every "
+             "rank's slice, in rank order."),
+            ("Adam on my slice, with g the mean gradient and b1, b2 = 0.9, 0.999: step += 1; m = b1 m + "
+             "(1 - b1) g; v = b2 v + (1 - b2) g * g; p -= lr * (m / (1 - b1 ** step)) / (sqrt(v / (1 - b2 "
+             "** step)) + 1e-8). Do it under torch.no_grad(), in place on state['exp_avg'], "
+             "state['exp_avg_sq'] and the slice view, then the all-gather. The all-gather's input may be "
+             "that view itself (it is exactly this rank's place in the output: an in-place all-gather) or a "
+             "copy; never a tensor that overlaps another rank's place.")),
         checks=("3, 1 and 5 elements per rank, three Adam steps each, float64, gradients different on every "
                 "rank; after each step this rank's Adam state compared with torch.optim.Adam's state on the "
                 "averaged gradient (its slice r), and the whole parameter vector with torch.optim.Adam's in "
-                "one process"),
+                "one process; exactly one reduce-scatter then one all-gather per step (no all-reduce)"),
         worker=zero1_step_worker),
 ]

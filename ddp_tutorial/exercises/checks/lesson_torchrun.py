@@ -2,10 +2,12 @@
 
 In each rank the checker wraps ``torch.save``, ``torch.load``, ``os.replace`` and
 ``os.rename`` while the learner's function runs, and so sees who writes which file and
-how each rank loads. Rank 0's ``torch.save`` is made slow (a slow disk), so a rank that
-does not wait at a barrier looks for the file before it exists. What is compared: only
-rank 0 writes, never to ``path`` itself but to another file renamed onto it; every rank
-loads with ``map_location`` and ``weights_only=True`` and gets back exactly ``state``.
+how each rank loads. Rank 0's ``torch.save`` is made slow (a slow disk), and an older
+checkpoint already lies at ``path`` (a job that resumes), so a rank that does not wait at a
+barrier, even one polling ``os.path.exists``, loads the stale file. What is compared: only
+rank 0 writes, never to ``path`` itself but to another file in the same folder renamed onto
+it; every rank loads with ``map_location`` and ``weights_only=True`` (or without it where
+torch's default is already True) and gets back exactly ``state``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.exercise import Exercise
@@ -24,6 +27,21 @@ from ddp_tutorial.exercises.harness import Case, Report, load_function, run_case
 from ddp_tutorial.exercises.tracing import traced
 
 SLOW_DISK = 1.0  # seconds rank 0's torch.save waits before writing
+BARRIER = dist.barrier  # the checker's own, taken before any patching
+
+
+def default_weights_only() -> bool:
+    """True where ``torch.load`` without ``weights_only=`` already refuses code (torch 2.6 and later)."""
+    default = getattr(torch.serialization, "_default_to_weights_only", None)
+    try:
+        return bool(default(None)) if default is not None else False
+    except TypeError:  # another signature: do not guess
+        return False
+
+
+def stale_state() -> dict[str, Any]:
+    """The older checkpoint that lies at ``path`` before the call: recognisable by its step."""
+    return {"model": {"weight": torch.zeros(3, 4), "bias": torch.zeros(3)}, "step": -1, "name": "stale"}
 
 
 def target_of(f: Any) -> str:
@@ -92,6 +110,10 @@ def save_and_load_worker(rank: int, world_size: int, source: str, function: str,
         def case(number: int) -> str | None:
             path = os.path.abspath(os.path.join(trace_dir, f"checkpoint{number}.pt"))
             state = sample_state(number)
+            if rank == 0:  # last run's checkpoint: what a resumed job finds
+                torch.save(stale_state(), path)
+            if dist.is_initialized():
+                BARRIER()
             with watched(rank, SLOW_DISK) as seen:
                 try:
                     loaded = fn(rank, world_size, state, path, device)
@@ -113,9 +135,15 @@ def save_and_load_worker(rank: int, world_size: int, source: str, function: str,
                     return ("rank 0 wrote straight to the checkpoint's path, so a crash mid-write leaves a "
                             "truncated file there, not atomic: torch.save to a temporary file in the same "
                             "folder, then os.replace(tmp, path)")
-                if not any(dst == path for _, dst in seen["rename"]):
+                renamed = [src for src, dst in seen["rename"] if dst == path]
+                if not renamed:
                     return ("rank 0 wrote another file but never renamed it onto the checkpoint's path: "
                             "os.replace(tmp, path) after torch.save(state, tmp)")
+                if os.path.dirname(renamed[-1]) != os.path.dirname(path):
+                    return ("rank 0 wrote its temporary file in another folder and renamed it onto the "
+                            "checkpoint's path: a rename is atomic only within one file system, and /tmp is "
+                            "often another one (os.replace then fails with EXDEV; a move that copies is not "
+                            "atomic). Write the temporary file in the checkpoint's own folder")
             loads = [entry for entry in seen["load"] if entry[0] == path]
             if not loads:
                 return f"rank {rank} did not load {os.path.basename(path)} with torch.load: every rank loads it"
@@ -123,9 +151,14 @@ def save_and_load_worker(rank: int, world_size: int, source: str, function: str,
             if map_location is None:
                 return (f"rank {rank} loaded without map_location: the tensors land on the device they were "
                         "saved from (cuda:0 for every rank on GPUs); pass map_location=device")
-            if weights_only is not True:
+            if weights_only is not True and not (weights_only is None and default_weights_only()):
                 return (f"rank {rank} loaded without weights_only=True: a checkpoint is a pickle and can run "
                         "code when loaded; weights_only=True accepts only tensors and plain data")
+            if same_state(loaded, stale_state()):
+                return (f"rank {rank} loaded the older checkpoint that was at {os.path.basename(path)} before rank "
+                        "0's save had replaced it: it did not wait for rank 0 (polling os.path.exists sees the "
+                        "old file at once). Every rank must wait at dist.barrier() after rank 0's save and "
+                        "before its own load")
             if not same_state(loaded, state):
                 return f"rank {rank} returned {type(loaded).__name__}, not the state that was saved (a state dict)"
             wrong = [t.device for t in tensors(loaded) if t.device != device]
@@ -147,10 +180,11 @@ EXERCISES = [
         hint=("if rank == 0: torch.save(state, tmp); os.replace(tmp, path). Then dist.barrier() on every "
               "rank, then torch.load(path, map_location=device, weights_only=True). checkpoint."
               "save_checkpoint does it with a temporary file from tempfile.mkstemp."),
-        checks=("two checkpoints, rank 0 made slow to write; who calls torch.save (only rank 0), where to "
-                "(never path itself: renamed onto it), whether a rank loads before the file exists (no "
-                "barrier), torch.load's map_location and weights_only, and the loaded state, compared with "
-                "what was saved, on the rank's device"),
+        checks=("two checkpoints, rank 0 made slow to write, an older checkpoint already at path; who calls "
+                "torch.save (only rank 0), where to (never path itself: a file in the same folder renamed "
+                "onto it), whether a rank loads before rank 0's save is in place (no barrier: the old file, "
+                "or none), torch.load's map_location and weights_only (or torch's default, where it is "
+                "True), and the loaded state, compared with what was saved, on the rank's device"),
         worker=save_and_load_worker,
         hang_hint=("a barrier that not every rank reaches: call dist.barrier() on every rank, outside "
                    "the if rank == 0 block")),

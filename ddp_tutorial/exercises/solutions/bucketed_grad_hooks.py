@@ -23,17 +23,16 @@ def bucketed_grad_hooks(params: list[torch.Tensor], buckets: list[list[int]]) ->
 
     ``buckets[b]`` lists indices into ``params``; the buckets hold every index once,
     in the order backward produces the gradients (``ddp_from_scratch.assign_buckets``).
-    - Give each bucket one flat tensor (the sum of its parameters' numel, their dtype
-      and device) and each parameter its slice of it.
-    - Register a hook on every parameter: ``p.register_post_accumulate_grad_hook(hook)``
-      calls ``hook(p)`` once ``p.grad`` is final. Put ``p.grad / world_size`` into its slice.
-    - When the last gradient of bucket ``b`` is in, and buckets ``0 .. b-1`` have
-      started, start ONE all-reduce of the bucket's flat tensor with
-      ``dist.all_reduce(flat, async_op=True)`` (keep the handle): it runs while backward
-      computes the remaining gradients. Every rank starts the buckets in the same order.
-    - ``finish()``, which the caller runs after ``loss.backward()``, waits for every
-      handle, copies each parameter's slice back into ``p.grad`` and resets the
-      counters for the next backward.
+    Register your hooks with ``p.register_post_accumulate_grad_hook(hook)``: it calls
+    ``hook(p)`` once ``p.grad`` is final (``register_hook`` sees the gradient before it is
+    accumulated, and is refused). The caller then runs ``loss.backward()`` and ``finish()``,
+    for several steps. Must hold:
+    - during backward, exactly ONE asynchronous all-reduce per bucket, of the bucket's
+      gradients as one flat tensor, started as soon as the bucket's last gradient is in,
+      buckets in order (every rank starts the same collectives in the same order);
+    - after ``finish()``, every ``p.grad`` is the mean of that parameter's gradients over
+      all ranks, and the next backward starts afresh.
+    Hints, from the idea to the code: ``show("bucketed_grad_hooks", hint=1)``, 2, 3.
     """
     world_size = dist.get_world_size()
     flats, slices, bucket_of = [], {}, {}

@@ -22,8 +22,9 @@ def fix_summed_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: floa
 
     Every rank holds the same ``model`` and its own batch ``x, y`` (all batches the same
     size). The step must equal one process's SGD step (``p -= lr * p.grad``) on all ranks'
-    batches together, and return the mean squared error of that global batch before the step,
-    the same float on every rank. The code you start from (it runs, and learns, but wrongly)::
+    batches together, leave in every ``p.grad`` that global batch's gradient (an optimizer
+    with momentum or weight decay would read it), and return the mean squared error of that
+    global batch before the step, the same float on every rank. The code you start from (it runs, and learns, but wrongly)::
 
         model.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)

@@ -19,17 +19,21 @@ import torch.distributed as dist
 def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """Sum ``tensor`` over all ranks in place with a ring, and return it (what ``dist.all_reduce`` does).
 
-    Cut the flattened tensor (``tensor.view(-1)``; it is contiguous) into ``world_size``
-    chunks of nearly equal size: any numel, even fewer elements than ranks. With ``n``
-    ranks, ``right = (rank + 1) % n`` and ``left = (rank - 1) % n``:
-    - reduce-scatter, steps ``t = 0 .. n-2``: send chunk ``(rank - t) % n`` to the right,
-      receive a chunk from the left and add it into chunk ``(rank - t - 1) % n``;
-      afterwards chunk ``(rank + 1) % n`` holds the full sum;
-    - all-gather, steps ``t = 0 .. n-2``: send chunk ``(rank + 1 - t) % n`` to the right,
-      receive from the left straight into chunk ``(rank - t) % n``.
-    Only point-to-point messages between neighbours (``dist.isend``/``dist.irecv``, or
-    ``send``/``recv``); post each step's send and receive together so no rank waits for
-    one that is waiting too. ``dist.all_reduce`` and the other collectives are refused.
+    After the call, on every rank, ``tensor`` (the same object, any shape, dtype and numel,
+    even fewer elements than ranks) holds the element-wise sum of every rank's input, and:
+    - the sum was built by the ring algorithm: ``n - 1`` reduce-scatter steps, then
+      ``n - 1`` all-gather steps, each sending one chunk of about ``numel / n`` elements;
+    - each rank sent only to its right neighbour ``(rank + 1) % n`` and received only from
+      its left one ``(rank - 1) % n``, with ``dist.isend``/``dist.irecv`` (or ``send``/
+      ``recv``), never more than ``2 (n - 1)`` chunks; ``dist.all_reduce`` and the other
+      collectives are refused;
+    - no rank waits for a peer that is itself waiting (post each step's send and receive
+      together).
+    With fewer elements than ranks some chunks are empty: they need no special case (a
+    message of zero elements is valid); skipping one is a saving that sender and receiver
+    must both make.
+    Work it out on paper for ``n = 3`` first; then, from the idea to the formulas:
+    ``show("ring_all_reduce", hint=1)``, 2, 3.
     """
     rank, n = dist.get_rank(), dist.get_world_size()
     if n == 1:

@@ -7,8 +7,11 @@ delivers exactly that (the sum; divide by ``n``). Adam then updates the slice of
 parameters (a view of ``params_flat``, so in place), and an all-gather sends every rank
 every updated slice. A reduce-scatter plus an all-gather carry the same bytes as DDP's one
 all-reduce (a ring all-reduce is the two), so ZeRO-1 saves memory at no extra traffic.
-The input of the all-gather is a copy: it must not alias its output. ``ddp_tutorial.sharding.zero``
-does the same for a whole model (``ShardedOptimizer``).
+The all-gather's input is this rank's slice of its own output: an in-place all-gather,
+which NCCL documents (``sendbuff == recvbuff + rank * count``), FSDP2 relies on and gloo
+handles; a copy (``mine.clone()``) works as well. What must not happen is an input that
+overlaps another rank's place in the output. ``ddp_tutorial.sharding.zero`` does the same
+for a whole model (``ShardedOptimizer``).
 """
 
 from __future__ import annotations
@@ -28,17 +31,16 @@ def zero1_step(params_flat: torch.Tensor, grads_flat: torch.Tensor, state: dict,
     ``n``) and its own ``grads_flat`` (the gradient of its own batch, same shape). Rank
     ``r`` owns the slice ``r * s : (r + 1) * s`` with ``s = numel // n``; ``state`` is its
     Adam state for that slice only: ``{"step": int, "exp_avg": tensor(s), "exp_avg_sq":
-    tensor(s)}``, zeros and step 0 before the first call. Do:
-    1. reduce-scatter the gradients (``reduce_scatter_single(out, grads_flat)`` from
-       ``ddp_tutorial.comm.collectives``, ``dist.reduce_scatter_tensor`` in older torch), then
-       divide by ``n``: the mean gradient of my slice, as DDP would average it;
-    2. Adam on my slice, as ``torch.optim.Adam(lr=lr)`` does it (betas 0.9, 0.999, eps 1e-8,
-       no weight decay): ``step += 1``; ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g²``;
-       ``p -= lr (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)``;
-    3. all-gather every rank's slice into ``params_flat`` (``all_gather_single``), so that
-       all ranks end with the same, fully updated parameters.
-    Return nothing; after the call ``params_flat`` equals what one process with
-    ``torch.optim.Adam`` and the gradients averaged over all ranks would hold.
+    tensor(s)}``, zeros and step 0 before the first call.
+    After the call (return nothing):
+    - ``params_flat`` equals, on every rank, what one process holds after
+      ``torch.optim.Adam([p], lr=lr).step()`` (betas 0.9, 0.999, eps 1e-8, no weight decay)
+      with ``p.grad`` the mean of all ranks' ``grads_flat``: what DDP + Adam gives;
+    - ``state`` is that Adam's state for this rank's slice only, ``state["step"]`` counted;
+    - the communication was one reduce-scatter of the gradients, then one all-gather of
+      the parameters (``reduce_scatter_single`` and ``all_gather_single`` from
+      ``ddp_tutorial.comm.collectives``): DDP's traffic, not an all-reduce more.
+    Hints, from the idea to the formulas: ``show("zero1_step", hint=1)``, 2, 3.
     """
     with torch.no_grad():  # an optimizer step: no autograd graph
         n, rank = dist.get_world_size(), dist.get_rank()
@@ -54,4 +56,4 @@ def zero1_step(params_flat: torch.Tensor, grads_flat: torch.Tensor, state: dict,
         mine = params_flat[rank * s:(rank + 1) * s]  # a view: updating it updates params_flat
         denom = (v / (1 - b2 ** t)).sqrt_().add_(EPS)
         mine.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
-        all_gather_single(params_flat, mine.clone())  # the input must not alias the output
+        all_gather_single(params_flat, mine)  # in place: mine is exactly this rank's place in the output

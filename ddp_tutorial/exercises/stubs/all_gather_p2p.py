@@ -1,6 +1,6 @@
 """Exercise 4.2 (medium), lesson 04_collectives.ipynb: all_gather from isend and irecv.
 
-Write all_gather_p2p() below (its docstring says exactly what to do), then check it:
+Write all_gather_p2p() below (its docstring is the contract: what must hold), then check it:
     check("all_gather_p2p")                                 in the notebook
     python -m ddp_tutorial.exercises check all_gather_p2p   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
@@ -26,5 +26,7 @@ def all_gather_p2p(tensor: torch.Tensor) -> list[torch.Tensor]:
     """
     # Your code here; the checker calls all_gather_p2p(tensor) on every rank.
     raise NotImplementedError(
-        'exercise 4.2 (all_gather_p2p): not implemented yet: open my_exercises/all_gather_p2p.py '
-        'and write it; lesson 04_collectives.ipynb explains it')
+        'exercise 4.2 (all_gather_p2p): not started yet, as expected for a fresh stub: '
+        'my_exercises/all_gather_p2p.py still raises NotImplementedError. Next: write '
+        'all_gather_p2p() there (its docstring is the contract, lesson 04_collectives.ipynb '
+        "explains it, show('all_gather_p2p') gives hints), then check again")

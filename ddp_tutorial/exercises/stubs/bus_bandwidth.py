@@ -1,6 +1,6 @@
 """Exercise 12.1 (warm-up), lesson 12_performance.ipynb: algorithm bandwidth and bus bandwidth.
 
-Write bus_bandwidth() below (its docstring says exactly what to do), then check it:
+Write bus_bandwidth() below (its docstring is the contract: what must hold), then check it:
     check("bus_bandwidth")                                 in the notebook
     python -m ddp_tutorial.exercises check bus_bandwidth   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
@@ -24,5 +24,7 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int, collective: str)
     """
     # Your code here; the checker calls bus_bandwidth(nbytes, seconds, world_size, collective) on every rank.
     raise NotImplementedError(
-        'exercise 12.1 (bus_bandwidth): not implemented yet: open my_exercises/bus_bandwidth.py and'
-        ' write it; lesson 12_performance.ipynb explains it')
+        'exercise 12.1 (bus_bandwidth): not started yet, as expected for a fresh stub: '
+        'my_exercises/bus_bandwidth.py still raises NotImplementedError. Next: write '
+        'bus_bandwidth() there (its docstring is the contract, lesson 12_performance.ipynb explains'
+        " it, show('bus_bandwidth') gives hints), then check again")

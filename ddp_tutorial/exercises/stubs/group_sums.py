@@ -1,6 +1,6 @@
 """Exercise 2.2 (warm-up), lesson 02_process_groups.ipynb: sum in the even and the odd sub-group.
 
-Write group_sums() below (its docstring says exactly what to do), then check it:
+Write group_sums() below (its docstring is the contract: what must hold), then check it:
     check("group_sums")                                 in the notebook
     python -m ddp_tutorial.exercises check group_sums   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
@@ -28,5 +28,7 @@ def group_sums(rank: int, world_size: int, value: float) -> tuple[float, float]:
     """
     # Your code here; the checker calls group_sums(rank, world_size, value) on every rank.
     raise NotImplementedError(
-        'exercise 2.2 (group_sums): not implemented yet: open my_exercises/group_sums.py and write '
-        'it; lesson 02_process_groups.ipynb explains it')
+        'exercise 2.2 (group_sums): not started yet, as expected for a fresh stub: '
+        'my_exercises/group_sums.py still raises NotImplementedError. Next: write group_sums() '
+        'there (its docstring is the contract, lesson 02_process_groups.ipynb explains it, '
+        "show('group_sums') gives hints), then check again")

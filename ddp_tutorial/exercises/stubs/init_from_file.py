@@ -1,6 +1,6 @@
 """Exercise 2.1 (warm-up), lesson 02_process_groups.ipynb: join a group through a file:// store.
 
-Write init_from_file() below (its docstring says exactly what to do), then check it:
+Write init_from_file() below (its docstring is the contract: what must hold), then check it:
     check("init_from_file")                                 in the notebook
     python -m ddp_tutorial.exercises check init_from_file   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
@@ -30,5 +30,7 @@ def init_from_file(rank: int, world_size: int, path: str) -> None:
     """
     # Your code here; the checker calls init_from_file(rank, world_size, path) on every rank.
     raise NotImplementedError(
-        'exercise 2.1 (init_from_file): not implemented yet: open my_exercises/init_from_file.py '
-        'and write it; lesson 02_process_groups.ipynb explains it')
+        'exercise 2.1 (init_from_file): not started yet, as expected for a fresh stub: '
+        'my_exercises/init_from_file.py still raises NotImplementedError. Next: write '
+        'init_from_file() there (its docstring is the contract, lesson 02_process_groups.ipynb '
+        "explains it, show('init_from_file') gives hints), then check again")

@@ -1,6 +1,6 @@
 """Exercise 3.1 (medium), lesson 03_point_to_point.ipynb: pass tokens around a ring without a deadlock.
 
-Write ring_shift() below (its docstring says exactly what to do), then check it:
+Write ring_shift() below (its docstring is the contract: what must hold), then check it:
     check("ring_shift")                                 in the notebook
     python -m ddp_tutorial.exercises check ring_shift   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
@@ -27,5 +27,7 @@ def ring_shift(tensor: torch.Tensor, hops: int = 1) -> torch.Tensor:
     """
     # Your code here; the checker calls ring_shift(tensor, hops) on every rank.
     raise NotImplementedError(
-        'exercise 3.1 (ring_shift): not implemented yet: open my_exercises/ring_shift.py and write '
-        'it; lesson 03_point_to_point.ipynb explains it')
+        'exercise 3.1 (ring_shift): not started yet, as expected for a fresh stub: '
+        'my_exercises/ring_shift.py still raises NotImplementedError. Next: write ring_shift() '
+        'there (its docstring is the contract, lesson 03_point_to_point.ipynb explains it, '
+        "show('ring_shift') gives hints), then check again")

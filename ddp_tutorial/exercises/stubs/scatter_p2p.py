@@ -1,6 +1,6 @@
 """Exercise 4.1 (warm-up), lesson 04_collectives.ipynb: scatter from send and recv.
 
-Write scatter_p2p() below (its docstring says exactly what to do), then check it:
+Write scatter_p2p() below (its docstring is the contract: what must hold), then check it:
     check("scatter_p2p")                                 in the notebook
     python -m ddp_tutorial.exercises check scatter_p2p   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
@@ -26,5 +26,7 @@ def scatter_p2p(out: torch.Tensor, chunks: list[torch.Tensor] | None, src: int =
     """
     # Your code here; the checker calls scatter_p2p(out, chunks, src) on every rank.
     raise NotImplementedError(
-        'exercise 4.1 (scatter_p2p): not implemented yet: open my_exercises/scatter_p2p.py and '
-        'write it; lesson 04_collectives.ipynb explains it')
+        'exercise 4.1 (scatter_p2p): not started yet, as expected for a fresh stub: '
+        'my_exercises/scatter_p2p.py still raises NotImplementedError. Next: write scatter_p2p() '
+        'there (its docstring is the contract, lesson 04_collectives.ipynb explains it, '
+        "show('scatter_p2p') gives hints), then check again")

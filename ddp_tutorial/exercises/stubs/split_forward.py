@@ -1,6 +1,6 @@
 """Exercise 9.1 (warm-up), lesson 09_model_parallel_ddp.ipynb: split ToyModel across two devices.
 
-Write split_forward() below (its docstring says exactly what to do), then check it:
+Write split_forward() below (its docstring is the contract: what must hold), then check it:
     check("split_forward")                                 in the notebook
     python -m ddp_tutorial.exercises check split_forward   from a shell
 The checker's ranks read this file afresh each time: an edit counts at once.
@@ -26,5 +26,7 @@ def split_forward(model: nn.Module, x: torch.Tensor, devices: tuple[str, str]) -
     """
     # Your code here; the checker calls split_forward(model, x, devices) on every rank.
     raise NotImplementedError(
-        'exercise 9.1 (split_forward): not implemented yet: open my_exercises/split_forward.py and '
-        'write it; lesson 09_model_parallel_ddp.ipynb explains it')
+        'exercise 9.1 (split_forward): not started yet, as expected for a fresh stub: '
+        'my_exercises/split_forward.py still raises NotImplementedError. Next: write '
+        'split_forward() there (its docstring is the contract, lesson 09_model_parallel_ddp.ipynb '
+        "explains it, show('split_forward') gives hints), then check again")
