@@ -86,9 +86,16 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(cluster, job_dir):
     assert "final test accuracy" not in out
 
 
+# (scancel options, what the ranks log): USR1 to the steps' tasks is what --signal=USR1@120 sends before the
+# time limit; TERM to the batch script AND every step (--full) is what a preemption sends
+STOPS = {"USR1": (["--signal=USR1"], "stopping after epoch 1 on SIGUSR1"),
+         "TERM": (["--full", "--signal=TERM"], "on SIGTERM: checkpoint saved")}
+
+
 @pytest.mark.timeout(420)  # the job twice, a requeue delay, then the reference run: minutes on a busy machine
-def test_preempted_job_checkpoints_requeues_and_resumes_to_the_uninterrupted_weights(cluster, job_dir):
-    epochs = "10"
+@pytest.mark.parametrize("signame", sorted(STOPS))
+def test_preempted_job_checkpoints_requeues_and_resumes_to_the_uninterrupted_weights(cluster, job_dir, signame):
+    epochs = "4" if signame == "TERM" else "10"
     job_id = cluster.sbatch(script_path("requeue.sbatch"), "--epochs", epochs, cwd=str(job_dir), env=job_env())
     out_file = job_dir / f"ddp-requeue-{job_id}.out"
     deadline = time.monotonic() + JOB_TIMEOUT
@@ -97,14 +104,16 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_uninterrupted_wei
         assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job_id} {state} before epoch 1"
         assert time.monotonic() < deadline, f"job {job_id} did not finish epoch 1 in time"
         time.sleep(0.2)
-    # what --signal=USR1@120 does 120 s before the limit, now: USR1 to every task of the job's steps
-    cluster.command(["scancel", "--signal=USR1", str(job_id)])
+    options, stopped = STOPS[signame]
+    cluster.command(["scancel", *options, str(job_id)])
     job = cluster.wait(job_id, JOB_TIMEOUT, until=lambda f: f.get("Restarts") == "1" and f["JobState"] == "COMPLETED"
                        or f["JobState"] in ("FAILED", "CANCELLED", "TIMEOUT"))
     out = out_file.read_text(errors="replace")
     assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), out
     assert "run 1 of job" in out and "run 2 of job" in out, out
-    assert "checkpoint saved; resume with --resume" in out, out
+    assert "checkpoint saved; resume with --resume" in out and stopped in out, out
+    if signame == "TERM":  # the script survived the signal (its trap ran) to requeue the job
+        assert "SIGTERM: the ranks finish their step and checkpoint" in out, out
     assert "resumed from ckpt-" in out, out
     assert f"after {epochs} epochs, 2 process(es)" in out, out
 
