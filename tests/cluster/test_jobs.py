@@ -120,11 +120,11 @@ def test_the_scripts_say_what_the_lesson_teaches():
         assert "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK" in text, name
     assert "srun python -m ddp_tutorial.cluster.jobs ddp_tutorial.training.train" in texts["srun_ranks.sbatch"]
     requeue = texts["requeue.sbatch"]
-    for needed in ("#SBATCH --requeue", "#SBATCH --signal=USR1@", "--stop-on-signal USR1,TERM",
+    for needed in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@", "--stop-on-signal USR1,TERM",
                    f'if [ "$code" -eq {PREEMPTED_EXIT_CODE} ]', 'scontrol requeue "$SLURM_JOB_ID"'):
         assert needed in requeue
     # a trap runs only once the foreground command returns: srun in the background, then wait (twice)
-    assert re.search(r"^trap .* TERM$", requeue, re.M) and '"$@" &\nSRUN_PID=$!' in requeue
+    assert re.search(r"^trap .*kill -USR1 \"\$SRUN_PID\"' USR1$", requeue, re.M) and '"$@" &\nSRUN_PID=$!' in requeue
     assert requeue.count('wait "$SRUN_PID"') >= 2
 
 
