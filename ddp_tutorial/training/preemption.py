@@ -3,13 +3,13 @@
 Slurm ends a job in one of two ways, and each has its own path here:
 
 - **the time limit**: ``#SBATCH --signal=USR1@120`` sends SIGUSR1 to every task 120 s before
-  it (tied to the time limit only). There is time: the training finishes the epoch it is in,
-  checkpoints, and stops.
-- **preemption** (and the time limit itself, and ``scancel``): SIGTERM to every process at
-  once, SIGKILL after the partition's ``GraceTime`` (or ``KillWait``), often 30-60 s. No time
-  for an epoch: with ``--stop-on-signal USR1,TERM`` the ranks stop after the step they are
-  in, rank 0 writes a mid-epoch checkpoint (with where the epoch stopped), and the resumed
-  run skips the batches already trained, to the same weights as a run never interrupted.
+  it (``B:USR1@120``: to the batch script, whose trap passes it on; ``--signal`` is tied to the
+  time limit only). There is time: the training finishes the epoch it is in, checkpoints, stops.
+- **preemption**: SIGTERM to every process at once, SIGKILL after the partition's
+  ``GraceTime`` (0 by default, often 30-120 s). No time for an epoch: with ``--stop-on-signal
+  USR1,TERM`` the ranks stop after the step they are in, rank 0 writes a mid-epoch checkpoint
+  (with where the epoch stopped), and the resumed run skips the batches already trained, to
+  the same weights as a run never interrupted.
 
 Either way every rank exits with ``PREEMPTED_EXIT_CODE``; ``requeue.sbatch`` requeues on it:
 
