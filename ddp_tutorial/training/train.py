@@ -192,9 +192,9 @@ def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, a
     if setup.start_epoch or setup.partial:
         log(f"resumed from {os.path.basename(config.checkpoint)} after epoch {setup.start_epoch} "
             f"(step {setup.step}), attempt {attempt}")
-    if setup.partial and setup.partial["world_size"] != world_size:
-        log(f"the checkpoint stopped in an epoch on {setup.partial['world_size']} process(es): "
-            f"epoch {setup.start_epoch + 1} restarts from its first batch on the saved weights")
+        if setup.partial and setup.partial["world_size"] != world_size:
+            log(f"the checkpoint stopped in an epoch on {setup.partial['world_size']} process(es): "
+                f"epoch {setup.start_epoch + 1} restarts from its first batch on the saved weights")
     elif config.resume:
         log(f"no checkpoint yet: starting from scratch (attempt {attempt})")
     written, step, train_seconds, samples, preempted = 0, setup.step, 0.0, 0, False

@@ -174,6 +174,7 @@ def test_sigterm_mid_epoch_checkpoints_the_step_and_resumes_to_the_uninterrupted
     assert (saved["epoch"], saved["step"], saved["partial"]["batches"]) == (0, 5, 5)  # 5 of epoch 1's steps
 
     resumed = spawn(train.train, 2, args=(config,), threads=1, timeout=100)
+    assert resumed[0]["attempt"] == 0 and len(resumed[0]["history"]) == 2
     reference = spawn(train.train, 2, args=(TrainConfig(num_epochs=2, log=False),), threads=1, timeout=100)
     assert resumed[0]["steps"] == reference[0]["steps"]
     assert resumed[0]["history"] == reference[0]["history"]  # the interrupted epoch's loss too, bit for bit
