@@ -92,7 +92,12 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
         yield info, device or choose_device(local_rank(environ), dist.get_backend())
         return
     whole_lines()  # ranks share one stdout under torchrun: keep each printed line whole
-    backend = backend or choose_backend(local_world_size=info.local_world_size)
+    if backend is None:
+        backend = choose_backend(local_world_size=info.local_world_size)
+        note = gloo_beside_gpus(backend, cuda_device_count(), info.local_world_size,
+                                nccl_available=dist.is_nccl_available())
+        if note and info.local_rank == 0:  # once per node: CPUs training beside idle GPUs
+            print(note, file=sys.stderr, flush=True)
     if device is None:
         device = set_device_for(info.local_rank, backend)
     elif device.type == "cuda":

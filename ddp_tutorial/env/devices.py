@@ -4,15 +4,16 @@ NCCL and ``cuda:LOCAL_RANK`` when CUDA has a device for every local rank, otherw
 on the CPU (``00_start_here``, ``02_process_groups``, ``06_ddp_spawn``). One exception: a rank
 that srun started as its own task under per-task GPU binding (``--gpus-per-task=1``,
 ``--gpu-bind``) sees exactly one GPU, its own, so it takes NCCL on ``cuda:0`` (``15_cluster``).
-When CUDA is there but the rule still picks gloo, it says so in one line on stderr: a job
-that trains on CPUs beside idle GPUs is a mistake nobody notices otherwise. The counts are
+When CUDA is there but the rule still picks gloo, ``gloo_beside_gpus`` is the one line that
+says so, printed by ``env.distributed`` (the entry of every job: torchrun, srun) on stderr: a
+job that trains on CPUs beside idle GPUs is a mistake nobody notices otherwise. (Notebook ranks
+are not warned: a lesson on a one-GPU laptop runs its two ranks on gloo on purpose.) The counts are
 arguments, so the rule is unit-tested without a GPU (tests/infra/test_env.py).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 
 import torch
@@ -20,8 +21,6 @@ import torch.distributed as dist
 
 __all__ = ["cuda_device_count", "one_gpu_per_task", "choose_backend", "gloo_beside_gpus", "serves_cuda",
            "choose_device", "set_device_for", "bound_device"]
-
-_warned: set[str] = set()  # say each fallback once per process, not once per call
 
 
 def cuda_device_count() -> int:
@@ -44,10 +43,8 @@ def choose_backend(cuda_devices: int | None = None, local_world_size: int = 1,
     """``"nccl"`` when there is a CUDA device for each of ``local_world_size`` local ranks, else ``"gloo"``.
 
     ``bound_per_task`` (default: ``one_gpu_per_task()``): each rank sees one GPU of its own, so one
-    visible GPU is enough. Without explicit counts (this machine), a gloo fallback beside GPUs is
-    reported on stderr, once.
+    visible GPU is enough.
     """
-    this_machine = cuda_devices is None
     if cuda_devices is None:
         cuda_devices = cuda_device_count()
     if nccl_available is None:
@@ -57,12 +54,7 @@ def choose_backend(cuda_devices: int | None = None, local_world_size: int = 1,
     if local_world_size < 1:
         raise ValueError(f"local_world_size must be >= 1, got {local_world_size}")
     enough = cuda_devices >= local_world_size or (bound_per_task and cuda_devices == 1)
-    backend = "nccl" if nccl_available and enough else "gloo"
-    note = gloo_beside_gpus(backend, cuda_devices, local_world_size, nccl_available=nccl_available)
-    if this_machine and note and note not in _warned:
-        _warned.add(note)
-        print(note, file=sys.stderr, flush=True)
-    return backend
+    return "nccl" if nccl_available and enough else "gloo"
 
 
 def gloo_beside_gpus(backend: str, cuda_devices: int, local_world_size: int, *, nccl_available: bool = True) -> str | None:
