@@ -170,16 +170,20 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     A ``launch.spawn`` target, and the body of ``main()`` under torchrun or alone.
     """
     previous = exit_on_sigterm()
+    stop = StopRequest(config.stop_on_signal)
     try:
-        with distributed() as (info, device):
+        # The request outlives the group: a repeated SIGTERM while the group is torn down is noted,
+        # not fatal (Slurm may signal a step more than once).
+        with stop, distributed() as (info, device):
             if (info.rank, info.world_size) != (rank, world_size):
                 raise RuntimeError(f"environment says rank {info.rank} of {info.world_size}, "
                                    f"caller says {rank} of {world_size}")
-            with StopRequest(config.stop_on_signal) as stop:
-                return fit(config, rank, world_size, device, info.restart_count, stop)
+            return fit(config, rank, world_size, device, info.restart_count, stop)
     finally:
         if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            # A rank stopping on SIGTERM ignores any repeat until it exits: its exit code (75) is the
+            # job script's cue to requeue, and a second signal must not turn it into 143.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if "TERM" in stop.arrived else previous)
 
 
 def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int,

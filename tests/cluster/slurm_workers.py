@@ -46,4 +46,5 @@ def train_terminated_at_step(rank: int, world_size: int, config, at_step: int) -
         result = train.train(rank, world_size, config)
     finally:
         train.maybe_fail = real_maybe_fail
+    result["sigterm_after"] = signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # a repeat cannot kill it now
     return result

@@ -170,6 +170,7 @@ def test_sigterm_mid_epoch_checkpoints_the_step_and_resumes_to_the_uninterrupted
     stopped = spawn(slurm_workers.train_terminated_at_step, 2, args=(config, 5), threads=1, timeout=100)
     # SIGTERM came during step 5 on one rank: the agreement before step 6 stops both ranks there
     assert [(r["preempted"], r["steps"], r["history"]) for r in stopped] == [(True, 5, [])] * 2
+    assert [r["sigterm_after"] for r in stopped] == [False, True]  # only the rank that got it ignores repeats
     saved = torch.load(ckpt, weights_only=True)
     assert (saved["epoch"], saved["step"], saved["partial"]["batches"]) == (0, 5, 5)  # 5 of epoch 1's steps
 
