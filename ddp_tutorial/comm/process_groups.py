@@ -137,18 +137,28 @@ def prepare_then_read(rank: int, world_size: int, path: str, use_barrier: bool,
                       delay: float = 1.0) -> str | None:
     """Rank 0 slowly writes ``path`` (think: downloads a data set); every rank then reads it.
 
-    Returns what the rank found, or None. Without the barrier the other ranks
-    look before rank 0 is done.
+    Returns what the rank found, or None. Without the barrier nothing orders rank 0's write
+    and the others' read. So that the demo shows the early look on any machine, however
+    loaded, rank 0 then also waits (on the store) until the others have looked.
     """
     target = Path(path)
+    store = None
+    if not use_barrier:  # a client of the launcher's store, only to order the demo
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              world_size, is_master=False, timeout=timedelta(seconds=60))
     if rank == 0:
+        if store is not None:
+            store.wait([f"prepare_then_read/looked/{r}" for r in range(1, world_size)])
         time.sleep(delay)  # the slow, do-it-once work
         tmp = target.with_suffix(".tmp")
         tmp.write_text("prepared by rank 0")
         os.replace(tmp, target)  # atomic: a reader sees no file or the whole file
     if use_barrier:
         dist.barrier()  # nobody passes until every rank, rank 0 included, got here
-    return target.read_text() if target.exists() else None
+    found = target.read_text() if target.exists() else None
+    if store is not None and rank != 0:
+        store.set(f"prepare_then_read/looked/{rank}", "yes")
+    return found
 
 
 def missed_collective(rank: int, world_size: int, timeout: float = 2.0) -> dict:

@@ -239,7 +239,30 @@ def uneven_inputs(rank: int, world_size: int, use_join: bool = True, num_batches
             steps += 1
     print(f"rank {rank} finished its {steps} batches")
     dist.barrier()  # end of the epoch, on the default group
-    return {"steps": steps, "checksum": checksum(model.module)}
+    weights = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
+    return {"steps": steps, "checksum": checksum(model.module), "weights": weights}
+
+
+def uneven_reference(world_size: int, num_batches: int = 3, lr: float = 0.1, *,
+                     divisor: str = "world") -> dict[str, torch.Tensor]:
+    """``uneven_inputs`` under ``Join`` replayed in one process, as a reference for its final weights.
+
+    Step ``s`` sums the gradients of the ranks that still have a batch ``s`` (a joined rank
+    adds zeros) and divides by ``divisor``: ``"world"``, Join's default, or ``"active"``
+    (the ranks still training), the rule Join does *not* follow.
+    """
+    torch.manual_seed(0)
+    model = ToyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    gens = [torch.Generator().manual_seed(rank) for rank in range(world_size)]
+    batches = [[torch.randn(4, 10, generator=gens[r]) for _ in range(num_batches + r)] for r in range(world_size)]
+    for step in range(num_batches + world_size - 1):
+        active = [r for r in range(world_size) if step < len(batches[r])]
+        optimizer.zero_grad()
+        total = sum(model(batches[r][step]).pow(2).mean() for r in active)
+        (total / (world_size if divisor == "world" else len(active))).backward()
+        optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 # ----------------------------------------------------------------- the classic mp.spawn recipe

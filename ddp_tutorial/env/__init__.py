@@ -30,6 +30,8 @@ from ddp_tutorial.env.devices import (
     choose_backend,
     choose_device,
     cuda_device_count,
+    gloo_beside_gpus,
+    one_gpu_per_task,
     serves_cuda,
     set_device_for,
 )
@@ -43,7 +45,7 @@ from ddp_tutorial.env.ranks import (
 )
 from ddp_tutorial.env.slurm import SlurmError, slurm_launcher_env, slurm_rank_info, tasks_per_node
 
-__all__ = ["cuda_device_count", "choose_backend", "serves_cuda", "choose_device", "set_device_for", "bound_device", "RankInfo",
+__all__ = ["cuda_device_count", "one_gpu_per_task", "gloo_beside_gpus", "choose_backend", "serves_cuda", "choose_device", "set_device_for", "bound_device", "RankInfo",
            "NotLaunchedError", "rank_info", "local_rank", "rank_device", "launched_by_torchrun", "launcher_variable",
            "whole_lines", "distributed", "SlurmError", "tasks_per_node", "slurm_rank_info", "slurm_launcher_env"]
 
@@ -90,7 +92,12 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
         yield info, device or choose_device(local_rank(environ), dist.get_backend())
         return
     whole_lines()  # ranks share one stdout under torchrun: keep each printed line whole
-    backend = backend or choose_backend(local_world_size=info.local_world_size)
+    if backend is None:
+        backend = choose_backend(local_world_size=info.local_world_size)
+        note = gloo_beside_gpus(backend, cuda_device_count(), info.local_world_size,
+                                nccl_available=dist.is_nccl_available())
+        if note and info.local_rank == 0:  # once per node: CPUs training beside idle GPUs
+            print(note, file=sys.stderr, flush=True)
     if device is None:
         device = set_device_for(info.local_rank, backend)
     elif device.type == "cuda":

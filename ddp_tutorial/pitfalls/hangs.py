@@ -54,9 +54,11 @@ _TABLE: dict[str, tuple[bool, tuple[str, str], tuple[str, str], str]] = {
         "the same: monitored_barrier is gloo-only, so on NCCL it runs on a gloo side group"),
     "joins": (
         False, ("ok", "DistStoreError: wait timeout"), ("ok", "DistStoreError: wait timeout"),
-        "without device_id, init_process_group returns before the missing rank joins (NCCL connects "
-        "at the first collective, which then hangs); TORCH_DIST_INIT_BARRIER=1 makes init wait and "
-        "time out, device_id= makes NCCL connect inside init"),
+        "when a launcher hosts the store (torchrun, launch.spawn) and there is no device_id, "
+        "init_process_group returns before the missing rank joins (NCCL connects at the first "
+        "collective, which then hangs); with plain env:// rank 0's own store waits for every rank "
+        "and init times out as on gloo; TORCH_DIST_INIT_BARRIER=1 makes init wait and time out, "
+        "device_id= makes NCCL connect inside init"),
     "uneven_inputs": (
         False, ("ok", "stuck in"), ("ok", "stuck in"),
         "the all-reduce that no rank joins is not raised: after the group's timeout NCCL's "
@@ -92,7 +94,16 @@ When a distributed job hangs or will not start
  5. Logs: NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS=INIT,NET), TORCH_CPP_LOG_LEVEL=INFO,
     TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that collectives match on every rank).
  6. Find the missing rank: dist.monitored_barrier(timeout=...) names it (gloo group).
- 7. Where is each rank stuck? py-spy dump --pid PID for every rank (pgrep -P <torchrun pid>).
+ 7. Where is each rank stuck? py-spy dump --pid PID for every rank (pgrep -P <torchrun pid>);
+    --native adds the C++ frames. On NCCL the Python stack shows where the rank waits
+    (often a later .item() or synchronize), not which collective is stuck: NCCL runs on the
+    GPU, driven by a host thread. For that, the NCCL flight recorder:
+    TORCH_NCCL_TRACE_BUFFER_SIZE=2000 (newer torch: TORCH_FR_BUFFER_SIZE) records each rank's
+    last collectives, TORCH_NCCL_DUMP_ON_TIMEOUT=1 writes them when the watchdog times out
+    (one file per rank, at TORCH_NCCL_DEBUG_INFO_TEMP_FILE, newer TORCH_FR_DUMP_TEMP_FILE),
+    and torchfrtrace DIR (the trace analyser, torch.distributed.flight_recorder.fr_trace)
+    names the collective and the ranks that never joined it. TORCH_NCCL_DESYNC_DEBUG=1
+    reports, on a timeout, the rank(s) that did not join.
  8. Finite timeouts: init_process_group(timeout=...) so a hang becomes an error.
  9. Same data length on every rank (DistributedSampler, drop_last) or DDP's Join.
 10. After a crash, end stray ranks by id, never by name. Find them by session

@@ -9,7 +9,8 @@ The modules, in lesson order:
 - ``checkpoint``: written by rank 0 atomically, read with ``weights_only``, resumed by every rank
 - ``reproducibility``: one seed for every rank, deterministic kernels where they matter
 - ``warmup``: a linear learning-rate warm-up for the larger global batch
-- ``preemption``: stop after the step on a signal the ranks agree on (used by lessons 08 and 15)
+- ``preemption``: stop on a signal the ranks agree on, after the epoch (USR1, a time limit's warning)
+  or after the step with a mid-epoch checkpoint (TERM, a preemption) (used by lessons 08 and 15)
 
 ``cluster`` runs this part on several nodes and under Slurm; this part never imports ``cluster``.
 """

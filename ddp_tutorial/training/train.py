@@ -9,7 +9,7 @@ tolerance) and ``python -m ddp_tutorial.bench train``. From a shell:
         --checkpoint ckpt/digits.pt --resume --fail-at-step 30   # crash once, restart, resume
     torchrun --nproc-per-node=2 -m ddp_tutorial.training.train --dataset cifar10 --data-dir data [--download]
     srun python -m ddp_tutorial.cluster.jobs ddp_tutorial.training.train --checkpoint ckpt.pt --resume \\
-        --stop-on-signal USR1                                  # in a Slurm job: stop, requeue, resume (15_cluster)
+        --stop-on-signal USR1,TERM                             # in a Slurm job: stop, requeue, resume (15_cluster)
 
 Every rank builds the same model from the same seed, trains on its own share of
 the data (``DistributedSampler``), and DDP averages the gradients; metrics are
@@ -47,7 +47,13 @@ from ddp_tutorial.training.checkpoint import (
 )
 from ddp_tutorial.training.data import DATASETS, DataError, load_dataset, make_loaders
 from ddp_tutorial.training.evaluation import evaluate
-from ddp_tutorial.training.preemption import PREEMPTED_EXIT_CODE, StopRequest, exit_on_sigterm
+from ddp_tutorial.training.preemption import (
+    PREEMPTED_EXIT_CODE,
+    StopRequest,
+    exit_on_sigterm,
+    partial_epoch,
+    resume_running,
+)
 from ddp_tutorial.training.reproducibility import deterministic_for, seed_everything
 
 __all__ = ["TrainConfig", "ConfigError", "train", "fit", "progress", "maybe_fail",
@@ -81,7 +87,7 @@ class TrainConfig:
     image_size: int = 32  # fake data only
     workers: int = 0  # DataLoader worker processes per rank
     deterministic: bool | None = None  # None: on a GPU, so runs repeat bitwise (lessons 08, 10); see deterministic_for
-    stop_on_signal: str | None = None  # "USR1": stop after the epoch it arrives in (15_cluster, preemption)
+    stop_on_signal: str | None = None  # "USR1": stop after the epoch; "USR1,TERM": TERM after the step (15_cluster)
     log: bool = True
 
 
@@ -103,6 +109,7 @@ class Setup:
     world_sizes: list = field(default_factory=list)  # each epoch's world size (an elastic run changes it)
     start_epoch: int = 0
     step: int = 0
+    partial: dict | None = None  # where a mid-epoch checkpoint stopped its epoch (preemption.partial_epoch)
 
 
 def build(config: TrainConfig, rank: int, world_size: int, device: torch.device) -> Setup:
@@ -136,6 +143,7 @@ def build(config: TrainConfig, rank: int, world_size: int, device: torch.device)
         restore_rng(state["rng"])
         setup.start_epoch, setup.step, setup.history = state["epoch"], state["step"], list(state["history"])
         setup.world_sizes = list(state.get("world_sizes", [state.get("world_size")] * state["epoch"]))
+        setup.partial = state.get("partial")
     return setup
 
 
@@ -146,14 +154,14 @@ def maybe_fail(config: TrainConfig, step: int, rank: int, world_size: int, attem
         os._exit(FAILURE_EXIT_CODE)  # like a killed process: no clean-up, no exception to catch
 
 
-def progress(loader: DataLoader, rank: int, desc: str) -> Iterable:
+def progress(loader: Iterable, rank: int, desc: str, total: int | None = None) -> Iterable:
     if rank != 0:
         return loader
     from tqdm.auto import tqdm
 
     # None: only on a terminal; False: spawn shows this rank live (Jupyter, a terminal),
     # and leaves the bar (leave=False clears it) out of the cell's final output.
-    return tqdm(loader, desc=desc, leave=False, disable=False if watched_live() else None)
+    return tqdm(loader, desc=desc, total=total, leave=False, disable=False if watched_live() else None)
 
 
 def train(rank: int, world_size: int, config: TrainConfig) -> dict:
@@ -162,16 +170,20 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
     A ``launch.spawn`` target, and the body of ``main()`` under torchrun or alone.
     """
     previous = exit_on_sigterm()
+    stop = StopRequest(config.stop_on_signal)
     try:
-        with distributed() as (info, device):
+        # The request outlives the group: a repeated SIGTERM while the group is torn down is noted,
+        # not fatal (Slurm may signal a step more than once).
+        with stop, distributed() as (info, device):
             if (info.rank, info.world_size) != (rank, world_size):
                 raise RuntimeError(f"environment says rank {info.rank} of {info.world_size}, "
                                    f"caller says {rank} of {world_size}")
-            with StopRequest(config.stop_on_signal) as stop:
-                return fit(config, rank, world_size, device, info.restart_count, stop)
+            return fit(config, rank, world_size, device, info.restart_count, stop)
     finally:
         if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            # A rank stopping on SIGTERM ignores any repeat until it exits: its exit code (75) is the
+            # job script's cue to requeue, and a second signal must not turn it into 143.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if "TERM" in stop.arrived else previous)
 
 
 def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int,
@@ -181,19 +193,32 @@ def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, a
     stop = stop or StopRequest(None)
     setup = build(config, rank, world_size, device)
     log = print if (rank == 0 and config.log) else (lambda *a, **k: None)
-    if setup.start_epoch:
+    if setup.start_epoch or setup.partial:
         log(f"resumed from {os.path.basename(config.checkpoint)} after epoch {setup.start_epoch} "
             f"(step {setup.step}), attempt {attempt}")
+        if setup.partial and setup.partial["world_size"] != world_size:
+            log(f"the checkpoint stopped in an epoch on {setup.partial['world_size']} process(es): "
+                f"epoch {setup.start_epoch + 1} restarts from its first batch on the saved weights")
     elif config.resume:
         log(f"no checkpoint yet: starting from scratch (attempt {attempt})")
     written, step, train_seconds, samples, preempted = 0, setup.step, 0.0, 0, False
+    every_step = "TERM" in stop.signames  # SIGTERM leaves seconds, not an epoch: agree before each step
     for epoch in range(setup.start_epoch, config.num_epochs):
         setup.train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, same on all ranks
         setup.ddp.train()
-        running = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples
+        batches = iter(setup.train_loader)  # first: creating it draws from the generator a resume restores
+        done, running = resume_running(setup.partial, rank, world_size, device)  # running: loss sum, samples
+        if done:
+            restore_rng(setup.partial["rng"])
+            for _ in range(done):  # the batches the interrupted run trained (the sampler's order is seed + epoch)
+                next(batches)
+        setup.partial = None
         start = time.perf_counter()
-        for x, y in progress(setup.train_loader, rank, f"epoch {epoch + 1}"):
-            step += 1
+        for x, y in progress(batches, rank, f"epoch {epoch + 1}", total=len(setup.train_loader) - done):
+            if every_step and stop.agreed(device, ["TERM"]):
+                preempted = True
+                break
+            step, done = step + 1, done + 1
             maybe_fail(config, step, rank, world_size, attempt)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             setup.optimizer.zero_grad(set_to_none=True)
@@ -203,6 +228,13 @@ def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, a
             running[0] += loss.detach().double() * len(y)
             running[1] += len(y)
         train_seconds += time.perf_counter() - start
+        if preempted:  # mid-epoch: the weights, and where the epoch stopped, within the grace time
+            partial = partial_epoch(done, running, capture_rng())
+            if rank == 0:
+                save_checkpoint(dict(epoch_state(setup, epoch, step, config, world_size), partial=partial),
+                                config.checkpoint)
+            log(f"stopping in epoch {epoch + 1} after step {step} on SIGTERM: checkpoint saved; resume with --resume")
+            break
         dist.all_reduce(running)
         samples += int(running[1].item())
         record = {"epoch": epoch + 1, "step": step, "train_loss": running[0].item() / running[1].item()}
@@ -210,25 +242,29 @@ def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, a
         setup.history.append(record)
         setup.world_sizes.append(world_size)
         if config.checkpoint and rank == 0:
-            save_checkpoint({"model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
-                             "epoch": epoch + 1, "step": step, "rng": capture_rng(),
-                             "history": setup.history, "model_name": setup.model_name,
-                             "dataset": config.dataset, "world_size": world_size,
-                             "world_sizes": setup.world_sizes}, config.checkpoint)
+            save_checkpoint(epoch_state(setup, epoch + 1, step, config, world_size), config.checkpoint)
             written += 1
         # Logged after the save: an epoch in the log is an epoch in the checkpoint.
         log(f"epoch {epoch + 1}/{config.num_epochs}  step {step}  train_loss {record['train_loss']:.4f}  "
             f"test_loss {record['test_loss']:.4f}  test_acc {record['test_acc']:.4f}")
         if epoch + 1 < config.num_epochs and stop.agreed(device):  # every rank stops here, or none
-            log(f"stopping after epoch {epoch + 1} on SIG{config.stop_on_signal.upper().removeprefix('SIG')}: "
-                f"checkpoint saved; resume with --resume")
+            why = "/".join("SIG" + name for name in sorted(stop.arrived)) or "another rank's signal"
+            log(f"stopping after epoch {epoch + 1} on {why}: checkpoint saved; resume with --resume")
             preempted = True
             break
     return {"rank": rank, "world_size": world_size, "model_name": setup.model_name, "attempt": attempt,
-            "history": setup.history, "final": setup.history[-1], "steps": step,
+            "history": setup.history, "final": setup.history[-1] if setup.history else None, "steps": step,
             "checkpoints_written": written, "train_seconds": train_seconds, "samples_trained": samples,
             "world_sizes": setup.world_sizes, "preempted": preempted,
             "weights": {k: v.detach().cpu() for k, v in setup.model.state_dict().items()}}
+
+
+def epoch_state(setup: Setup, epochs_done: int, step: int, config: TrainConfig, world_size: int) -> dict:
+    """What rank 0 checkpoints: weights, optimizer, RNG and history after ``epochs_done`` epochs and ``step`` steps."""
+    return {"model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
+            "epoch": epochs_done, "step": step, "rng": capture_rng(), "history": setup.history,
+            "model_name": setup.model_name, "dataset": config.dataset, "world_size": world_size,
+            "world_sizes": setup.world_sizes}
 
 
 def _speaks_for_node() -> bool:
@@ -268,8 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=d.workers, help="DataLoader workers per process")
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=d.deterministic,
                    help="deterministic cuDNN/cuBLAS kernels (default: on a GPU)")
-    p.add_argument("--stop-on-signal", metavar="SIG", help="e.g. USR1 (Slurm's --signal): finish the epoch, "
-                   f"checkpoint, exit {PREEMPTED_EXIT_CODE} so the job script requeues")
+    p.add_argument("--stop-on-signal", metavar="SIG[,SIG]", help="USR1 (Slurm's --signal): finish the epoch; "
+                   "TERM (preemption, the time limit): finish the step; then checkpoint and exit "
+                   f"{PREEMPTED_EXIT_CODE} so the job script requeues")
     return p
 
 

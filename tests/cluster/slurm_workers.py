@@ -28,3 +28,23 @@ def train_signalled_in_first_epoch(rank: int, world_size: int, config) -> dict:
         train.evaluate = real_evaluate
     result.pop("weights")
     return result
+
+
+def train_terminated_at_step(rank: int, world_size: int, config, at_step: int) -> dict:
+    """``train.train``, with the last rank sent SIGTERM (a preemption's notice) during step ``at_step``."""
+    from ddp_tutorial.training import train
+
+    real_maybe_fail = train.maybe_fail
+
+    def maybe_fail(config, step, rank, world_size, attempt):
+        if step == at_step and rank == world_size - 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_maybe_fail(config, step, rank, world_size, attempt)
+
+    train.maybe_fail = maybe_fail
+    try:
+        result = train.train(rank, world_size, config)
+    finally:
+        train.maybe_fail = real_maybe_fail
+    result["sigterm_after"] = signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # a repeat cannot kill it now
+    return result

@@ -14,11 +14,14 @@ import signal
 
 import pytest
 import slurm_workers
+import torch
 
 from ddp_tutorial.cluster import jobs
 from ddp_tutorial.env import SlurmError, rank_info, slurm_launcher_env, slurm_rank_info, tasks_per_node
 from ddp_tutorial.launch import spawn
-from ddp_tutorial.training.preemption import PREEMPTED_EXIT_CODE, StopRequest
+from ddp_tutorial.training import train
+from ddp_tutorial.training.checkpoint import same_weights
+from ddp_tutorial.training.preemption import PREEMPTED_EXIT_CODE, StopRequest, resume_running
 from ddp_tutorial.training.train import TrainConfig, build_parser
 
 
@@ -111,13 +114,18 @@ def test_the_scripts_say_what_the_lesson_teaches():
     multi = texts["multi_node.sbatch"]
     assert re.search(r"^#SBATCH --ntasks-per-node=1 ", multi, re.M)  # one torchrun per node
     for needed in ('scontrol show hostnames "$SLURM_JOB_NODELIST"', "--rdzv-backend=c10d",
-                   '--rdzv-id="$SLURM_JOB_ID"', '--nnodes="$SLURM_NNODES"'):
+                   '--rdzv-id="${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"', '--nnodes="$SLURM_NNODES"'):
         assert needed in multi
+    for name, text in texts.items():  # srun (Slurm >= 22.05) does not inherit --cpus-per-task by itself
+        assert "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK" in text, name
     assert "srun python -m ddp_tutorial.cluster.jobs ddp_tutorial.training.train" in texts["srun_ranks.sbatch"]
     requeue = texts["requeue.sbatch"]
-    for needed in ("#SBATCH --requeue", "#SBATCH --signal=USR1@", "--stop-on-signal USR1",
+    for needed in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@", "--stop-on-signal USR1,TERM",
                    f'if [ "$code" -eq {PREEMPTED_EXIT_CODE} ]', 'scontrol requeue "$SLURM_JOB_ID"'):
         assert needed in requeue
+    # a trap runs only once the foreground command returns: srun in the background, then wait (twice)
+    assert re.search(r"^trap .*kill -USR1 \"\$SRUN_PID\"' USR1$", requeue, re.M) and '"$@" &\nSRUN_PID=$!' in requeue
+    assert requeue.count('wait "$SRUN_PID"') >= 2
 
 
 def test_the_cli_lists_shows_and_refuses(capsys):
@@ -143,3 +151,40 @@ def test_stop_on_signal_needs_a_checkpoint_and_a_real_signal():
         StopRequest("USR9")
     assert build_parser().parse_args(["--stop-on-signal", "USR1"]).stop_on_signal == "USR1"
     assert StopRequest(None).agreed() is False
+    assert StopRequest("usr1, SIGTERM").signames == ("USR1", "TERM")
+
+
+def test_a_request_tells_which_signal_arrived_and_puts_the_old_handlers_back():
+    with StopRequest("USR1,TERM") as stop:
+        signal.raise_signal(signal.SIGTERM)  # would end the process under the default handler
+        assert stop.arrived == {"TERM"}
+        assert stop.agreed(among=["TERM"]) and stop.agreed() and not stop.agreed(among=["USR1"])
+        assert not stop.agreed(among=["USR2"])  # not listened to: no collective, never agreed
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_sigterm_mid_epoch_checkpoints_the_step_and_resumes_to_the_uninterrupted_weights(tmp_path):
+    """Preemption's SIGTERM leaves seconds: the ranks stop after the step, not the epoch, and lose nothing."""
+    ckpt = str(tmp_path / "ckpt.pt")
+    config = TrainConfig(num_epochs=2, log=False, checkpoint=ckpt, resume=True, stop_on_signal="USR1,TERM")
+    stopped = spawn(slurm_workers.train_terminated_at_step, 2, args=(config, 5), threads=1, timeout=100)
+    # SIGTERM came during step 5 on one rank: the agreement before step 6 stops both ranks there
+    assert [(r["preempted"], r["steps"], r["history"]) for r in stopped] == [(True, 5, [])] * 2
+    assert [r["sigterm_after"] for r in stopped] == [False, True]  # only the rank that got it ignores repeats
+    saved = torch.load(ckpt, weights_only=True)
+    assert (saved["epoch"], saved["step"], saved["partial"]["batches"]) == (0, 5, 5)  # 5 of epoch 1's steps
+
+    resumed = spawn(train.train, 2, args=(config,), threads=1, timeout=100)
+    assert resumed[0]["attempt"] == 0 and len(resumed[0]["history"]) == 2
+    reference = spawn(train.train, 2, args=(TrainConfig(num_epochs=2, log=False),), threads=1, timeout=100)
+    assert resumed[0]["steps"] == reference[0]["steps"]
+    assert resumed[0]["history"] == reference[0]["history"]  # the interrupted epoch's loss too, bit for bit
+    assert same_weights(resumed[0]["weights"], reference[0]["weights"])
+
+
+def test_a_partial_epoch_from_another_world_size_restarts_that_epoch():
+    partial = {"batches": 4, "running": [torch.tensor([1.0, 2.0], dtype=torch.float64)] * 2, "world_size": 2}
+    assert resume_running(partial, 1, 2, torch.device("cpu"))[0] == 4
+    assert resume_running(partial, 1, 2, torch.device("cpu"))[1].tolist() == [1.0, 2.0]
+    done, running = resume_running(partial, 0, 3, torch.device("cpu"))
+    assert (done, running.tolist()) == (0, [0.0, 0.0])

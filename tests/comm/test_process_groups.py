@@ -102,6 +102,11 @@ def test_barrier_makes_every_rank_see_rank0s_file(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # written through a temporary name, then renamed
 
 
+def test_without_the_barrier_the_others_look_before_rank0_wrote(tmp_path):
+    results = spawn(pg.prepare_then_read, 3, args=(str(tmp_path / "data.txt"), False, 0.0), timeout=60)
+    assert results == ["prepared by rank 0", None, None]
+
+
 def test_a_missed_collective_times_out_on_the_waiting_rank():
     results = spawn(pg.missed_collective, 2, args=(1.0,), init_process_group=False, timeout=60)
     assert results[0]["outcome"].endswith(": timed out")

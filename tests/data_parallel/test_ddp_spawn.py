@@ -94,6 +94,12 @@ def test_join_finishes_with_uneven_inputs(world_size):
     results = spawn(d.uneven_inputs, world_size, args=(True, 3, 30.0), timeout=90)
     assert [r["steps"] for r in results] == [3 + rank for rank in range(world_size)]
     assert len({r["checksum"] for r in results}) == 1  # the final weights agree
+    # joined ranks add zeros and the mean still divides by the world size: a one-process replay
+    reference, per_active = d.uneven_reference(world_size), d.uneven_reference(world_size, divisor="active")
+    for name, tensor in reference.items():
+        for r in results:
+            torch.testing.assert_close(r["weights"][name], tensor, atol=1e-6, rtol=1e-5)
+    assert not all(torch.allclose(reference[k], per_active[k], atol=1e-4) for k in reference)  # the two rules differ
 
 
 def test_uneven_inputs_without_join_hang_until_the_collective_timeout():

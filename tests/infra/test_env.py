@@ -21,7 +21,9 @@ from ddp_tutorial.env import (
     choose_backend,
     choose_device,
     distributed,
+    gloo_beside_gpus,
     local_rank,
+    one_gpu_per_task,
     rank_device,
     rank_info,
     serves_cuda,
@@ -41,6 +43,37 @@ from ddp_tutorial.launch import spawn
 ])
 def test_backend_choice(cuda_devices, local_world_size, nccl, expected):
     assert choose_backend(cuda_devices, local_world_size, nccl_available=nccl) == expected
+
+
+@pytest.mark.parametrize("cuda_devices, local_world_size, bound, expected", [
+    (1, 4, True, "nccl"),    # srun --gpus-per-task=1: each of 4 tasks sees one GPU, its own
+    (1, 4, False, "gloo"),   # 4 torchrun workers (or spawned ranks) sharing one GPU
+    (2, 4, True, "gloo"),    # bound to 2 GPUs each but 4 per node: not one GPU per task
+    (0, 4, True, "gloo"),    # an srun task on a CPU node
+])
+def test_per_task_gpu_binding_takes_nccl_on_the_tasks_one_gpu(cuda_devices, local_world_size, bound, expected):
+    assert choose_backend(cuda_devices, local_world_size, nccl_available=True, bound_per_task=bound) == expected
+    if expected == "nccl":  # every task's own GPU is cuda:0 of what it sees
+        for rank in range(local_world_size):
+            assert choose_device(rank, "nccl", cuda_devices=1, bound_per_task=True) == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("environ, bound", [
+    ({"SLURM_LOCALID": "2", "SLURM_PROCID": "6"}, True),                     # srun started this rank
+    ({"SLURM_LOCALID": "0", "TORCHELASTIC_RUN_ID": "job", "LOCAL_RANK": "2"}, False),  # torchrun under srun
+    ({"LOCAL_RANK": "1"}, False),                                            # no Slurm
+])
+def test_one_gpu_per_task_only_for_ranks_srun_started_itself(environ, bound):
+    assert one_gpu_per_task(environ) is bound
+
+
+def test_gloo_beside_gpus_is_said_in_one_line_and_only_then():
+    note = gloo_beside_gpus("gloo", 1, 4)
+    assert note is not None and "\n" not in note and "4 local ranks share 1 visible GPU(s)" in note
+    assert "--gpus-per-task=1" in note
+    assert "no NCCL" in gloo_beside_gpus("gloo", 4, 4, nccl_available=False)
+    assert gloo_beside_gpus("gloo", 0, 4) is None   # no GPU: gloo is the right choice, nothing to say
+    assert gloo_beside_gpus("nccl", 4, 4) is None
 
 
 def test_backend_choice_on_this_machine_matches_what_torch_reports():

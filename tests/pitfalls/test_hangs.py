@@ -43,6 +43,7 @@ def test_where_a_demo_runs_on_gloo_anyway_it_shows_what_it_shows_on_a_cpu_machin
 def test_the_nccl_differences_are_named():
     assert "watchdog" in expect("extra_collective", "nccl").on_nccl
     assert "TORCH_DIST_INIT_BARRIER" in expect("joins", "nccl").on_nccl
+    assert "plain env://" in expect("joins", "nccl").on_nccl  # rank 0's own store waits inside init
     assert "watchdog" in expect("ddp_uneven_inputs", "nccl").on_nccl
 
 
@@ -55,3 +56,6 @@ def test_unknown_demo_or_backend_is_refused():
 
 def test_the_checklist_lives_here_and_names_nccl_switches():
     assert "NCCL_DEBUG=INFO" in HANG_CHECKLIST and "monitored_barrier" in HANG_CHECKLIST
+    for needed in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "fr_trace",
+                   "TORCH_NCCL_DESYNC_DEBUG", "py-spy dump --pid PID", "--native"):
+        assert needed in HANG_CHECKLIST, needed

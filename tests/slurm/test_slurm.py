@@ -86,9 +86,17 @@ def test_a_failing_rank_fails_the_job_with_its_exit_code(cluster, job_dir):
     assert "final test accuracy" not in out
 
 
+# (scancel options, what the job's output must show): USR1 to the batch shell only is what
+# --signal=B:USR1@120 sends before the time limit (its trap passes it on); TERM to the steps' tasks
+# is what a preemption sends them
+STOPS = {"USR1": (["--batch", "--signal=USR1"], ["SIGUSR1: passing it on to the ranks", "on SIGUSR1: checkpoint saved"]),
+         "TERM": (["--signal=TERM"], ["on SIGTERM: checkpoint saved"])}
+
+
 @pytest.mark.timeout(420)  # the job twice, a requeue delay, then the reference run: minutes on a busy machine
-def test_preempted_job_checkpoints_requeues_and_resumes_to_the_uninterrupted_weights(cluster, job_dir):
-    epochs = "10"
+@pytest.mark.parametrize("signame", sorted(STOPS))
+def test_preempted_job_checkpoints_requeues_and_resumes_to_the_uninterrupted_weights(cluster, job_dir, signame):
+    epochs = "4" if signame == "TERM" else "10"
     job_id = cluster.sbatch(script_path("requeue.sbatch"), "--epochs", epochs, cwd=str(job_dir), env=job_env())
     out_file = job_dir / f"ddp-requeue-{job_id}.out"
     deadline = time.monotonic() + JOB_TIMEOUT
@@ -97,15 +105,15 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_uninterrupted_wei
         assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job_id} {state} before epoch 1"
         assert time.monotonic() < deadline, f"job {job_id} did not finish epoch 1 in time"
         time.sleep(0.2)
-    # what --signal=USR1@120 does 120 s before the limit, now: USR1 to every task of the job's steps
-    cluster.command(["scancel", "--signal=USR1", str(job_id)])
+    options, expected = STOPS[signame]
+    cluster.command(["scancel", *options, str(job_id)])
     job = cluster.wait(job_id, JOB_TIMEOUT, until=lambda f: f.get("Restarts") == "1" and f["JobState"] == "COMPLETED"
                        or f["JobState"] in ("FAILED", "CANCELLED", "TIMEOUT"))
     out = out_file.read_text(errors="replace")
     assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), out
     assert "run 1 of job" in out and "run 2 of job" in out, out
-    assert "checkpoint saved; resume with --resume" in out, out
-    assert "resumed from ckpt-" in out, out
+    assert "checkpoint saved; resume with --resume" in out and all(line in out for line in expected), out
+    assert "resumed from ckpt-" in out and out.count("no checkpoint yet") == 1, out
     assert f"after {epochs} epochs, 2 process(es)" in out, out
 
     # the same training, never interrupted: 2 processes on one node, through torchrun

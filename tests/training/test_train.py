@@ -78,6 +78,7 @@ def test_crash_and_restart_ends_with_the_uninterrupted_weights(tmp_path):
                    env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert f"injected failure at step {fail_at} (attempt 0)" in run.output
     assert f"resumed from restarted.pt after epoch 1 (step {per_epoch}), attempt 1" in run.output
+    assert run.output.count("no checkpoint yet") == 1  # the first attempt's only, not the resumed one's
     reference = spawn(train, 2, args=(TrainConfig(num_epochs=2, log=False),), threads=1, timeout=100)
     restarted = load_checkpoint(str(ckpt))
     assert restarted["epoch"] == 2 and restarted["step"] == reference[0]["steps"] == 2 * per_epoch
