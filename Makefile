@@ -188,11 +188,11 @@ find_python = $(shell for v in $(1); do for c in "$$(command -v python$$v)" \
   [ -n "$$c" ] && "$$c" -c '' 2>/dev/null && echo "$$c" && exit 0; done; done)
 PYTHON_OLDEST ?= $(call find_python,$(FLOOR_PYTHON))
 PYTHON_NEWEST ?= $(call find_python,$(NEWEST_PYTHONS))
-OLDEST_PINS := 'torch==$(FLOOR_TORCH).*' 'torchvision==$(FLOOR_TORCHVISION).*'
+OLDEST_PINS := torch==$(FLOOR_TORCH).* torchvision==$(FLOOR_TORCHVISION).*
 NEWEST_PINS := --upgrade torch torchvision
 .PHONY: test-versions
 test-versions:
-	@for side in $(VERSIONS); do \
+	@set -f; for side in $(VERSIONS); do \
 	  case $$side in \
 	    oldest) py='$(PYTHON_OLDEST)'; pins="$(OLDEST_PINS)"; runs="$(VERSIONS_OLDEST_RUNS)"; \
 	      want="Python $(FLOOR_PYTHON) (PYTHON_OLDEST=/path/to/python$(FLOOR_PYTHON), or python$(FLOOR_PYTHON) on PATH or under ~/.pyenv/versions)";; \
