@@ -13,6 +13,8 @@
 #   make site       the course as a website in build/site (site-test: checked in Chromium;
 #                   site-serve: on http://127.0.0.1:8000)
 #   make slurm-test lesson 15's sbatch scripts on a throwaway two-node Slurm, and elastic torchrun (root)
+#   make test-versions  unit tests and nbval again in throwaway venvs: the oldest Python with the
+#                   floor torch/torchvision (ddp_tutorial/doctor.py FLOORS), the newest Python with the newest torch
 #   make bench      the benchmark suite (python -m ddp_tutorial.bench all)
 #   make bench-reference  the same, saved as lesson 12's reference run (on an idle machine)
 #   make clean      remove .venv and pytest's cache
@@ -163,3 +165,62 @@ slurm-test: $(STAMP)
 	  apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) > /dev/null 2>&1 || \
 	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends $(SLURM_PACKAGES) > /dev/null; } || exit 1; fi
 	$(PY) -m pytest -p no:cacheprovider -n 2 --dist loadgroup --durations=10 tests/slurm
+
+# The versions README "Versions" claims, proved (issue 24): throwaway venvs in build/versions, each
+# installed fresh from PyPI (pip's own index settings apply), then tested with the flags above:
+#   oldest: Python FLOORS["python"] with torch and torchvision pinned to FLOORS' releases
+#           (torch==2.N.*): the unit tests. Not nbval: `make test` and the newest run compare every
+#           stored output, and the unit tests run the lessons' modules on the floor; keeping CI
+#           within its budget (VERSIONS_OLDEST_RUNS="unit nbval" runs nbval there too)
+#   newest: the newest Python found (3.14, else 3.13, ...) with the newest torch: unit tests and nbval
+# Interpreters: PYTHON_OLDEST=/path/python3.10 PYTHON_NEWEST=/path/python3.13, else found on PATH
+# (python3.N) or under pyenv (~/.pyenv/versions/3.N*). VERSIONS=oldest (or newest) runs one side;
+# VERSIONS_KEEP=1 keeps the venvs (about 5 GB each with PyPI's CUDA torch) instead of removing them;
+# VERSIONS_PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu' installs the CPU builds
+# instead (a few hundred MB, where that index is reachable).
+VERSIONS_DIR   ?= build/versions
+VERSIONS_PIP_ARGS ?=
+VERSIONS       ?= oldest newest
+VERSIONS_OLDEST_RUNS ?= unit
+VERSIONS_NEWEST_RUNS ?= unit nbval
+NEWEST_PYTHONS ?= 3.14 3.13 3.12 3.11
+# the floors, read from their one home (tests/infra/test_versions_target.py checks this reads them)
+floor = $(shell sed -n 's/^FLOORS = .*"$(1)": "\([0-9.]*\)".*/\1/p' ddp_tutorial/doctor.py)
+FLOOR_PYTHON      := $(call floor,python)
+FLOOR_TORCH       := $(call floor,torch)
+FLOOR_TORCHVISION := $(call floor,torchvision)
+# the first of these versions that runs (a pyenv shim on PATH for an inactive version does not)
+find_python = $(shell for v in $(1); do for c in "$$(command -v python$$v)" \
+  $$(ls -d $(HOME)/.pyenv/versions/$$v.*/bin/python3 2>/dev/null | sort -rV); do \
+  [ -n "$$c" ] && "$$c" -c '' 2>/dev/null && echo "$$c" && exit 0; done; done)
+PYTHON_OLDEST ?= $(call find_python,$(FLOOR_PYTHON))
+PYTHON_NEWEST ?= $(call find_python,$(NEWEST_PYTHONS))
+OLDEST_PINS := torch==$(FLOOR_TORCH).* torchvision==$(FLOOR_TORCHVISION).*
+NEWEST_PINS := --upgrade torch torchvision
+.PHONY: test-versions
+test-versions:
+	@set -f; for side in $(VERSIONS); do \
+	  case $$side in \
+	    oldest) py='$(PYTHON_OLDEST)'; pins="$(OLDEST_PINS)"; runs="$(VERSIONS_OLDEST_RUNS)"; \
+	      want="Python $(FLOOR_PYTHON) (PYTHON_OLDEST=/path/to/python$(FLOOR_PYTHON), or python$(FLOOR_PYTHON) on PATH or under ~/.pyenv/versions)";; \
+	    newest) py='$(PYTHON_NEWEST)'; pins="$(NEWEST_PINS)"; runs="$(VERSIONS_NEWEST_RUNS)"; \
+	      want="the newest Python, one of $(NEWEST_PYTHONS) (PYTHON_NEWEST=/path/to/python3.N, or python3.N on PATH or under ~/.pyenv/versions)";; \
+	    *) echo "test-versions: VERSIONS names '$$side': oldest and newest are what it knows"; exit 2;; esac; \
+	  if [ -z "$$py" ] || ! "$$py" -c 'import venv' 2>/dev/null; then \
+	    echo "test-versions: $$side: missing $$want"; exit 1; fi; \
+	  if [ $$side = oldest ] && ! "$$py" -c 'import sys; v = "$(FLOOR_PYTHON)".split("."); sys.exit(sys.version_info[:2] != tuple(map(int, v)))'; then \
+	    echo "test-versions: oldest: $$py is Python $$("$$py" -c 'import platform; print(platform.python_version())'), not the floor $(FLOOR_PYTHON)"; exit 1; fi; \
+	  venv=$(VERSIONS_DIR)/$$side; start=$$(date +%s); \
+	  echo "test-versions: $$side: $$py into $$venv, installing $$pins (log: $$venv.log)"; \
+	  rm -rf $$venv; mkdir -p $(VERSIONS_DIR); \
+	  { "$$py" -m venv $$venv && $$venv/bin/python -m pip install $(VERSIONS_PIP_ARGS) $$pins -e '.[dev]'; } > $$venv.log 2>&1 || \
+	    { tail -40 $$venv.log; echo "test-versions: $$side: the install failed (log: $$venv.log)"; exit 1; }; \
+	  echo "test-versions: $$side: $$($$venv/bin/python -c 'import platform, torch, torchvision; print(f"Python {platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}")') ($$(($$(date +%s) - start)) s to install)"; \
+	  case " $$runs " in *" nbval "*) ;; *) echo "test-versions: $$side: skipping nbval (README \"Versions\": make test and the newest run compare the stored outputs)";; esac; \
+	  for run in $$runs; do case $$run in \
+	    unit) DDP_TUTORIAL_EXERCISES_FRESH=1 $$venv/bin/python -m pytest $(XDIST) -q -p no:cacheprovider tests || exit 1;; \
+	    nbval) DDP_TUTORIAL_EXERCISES_FRESH=1 $$venv/bin/python -m pytest $(XDIST) -q -p no:cacheprovider $(NBVAL) notebooks || exit 1;; \
+	    *) echo "test-versions: $$side: unknown run '$$run' (unit, nbval)"; exit 2;; esac; done; \
+	  echo "test-versions: $$side: $$runs passed ($$(($$(date +%s) - start)) s in all)"; \
+	  [ -n "$(VERSIONS_KEEP)" ] || rm -rf $$venv; \
+	done

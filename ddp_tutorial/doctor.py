@@ -20,10 +20,11 @@ OPTIONAL = ["torchvision", "matplotlib", "sklearn", "tqdm", "nbval", "ipykernel"
 
 # The oldest releases the course runs on: the ONE home of these numbers.
 # pyproject.toml and environment.yml repeat them (tests/infra/test_project.py checks that),
-# README.md's "Versions" says which API sets each one. torch 2.8 is the first with
-# gloo's ReduceOp.AVG and list-form reduce_scatter, and with TCPStore(master_listen_fd=)
-# on the default libuv store; torchvision 0.23 is the release paired with torch 2.8.
-FLOORS = {"python": "3.10", "torch": "2.8", "torchvision": "0.23"}
+# README.md's "Versions" says which API sets each one, and `make test-versions` runs the course on
+# them. torch 2.9: the first whose gloo list-form reduce_scatter applies the op it is given (2.8's
+# summed whatever was asked: PRODUCT wrong, FSDP2's averaged gradients N times too large);
+# torchvision 0.24 is the release paired with torch 2.9.
+FLOORS = {"python": "3.10", "torch": "2.9", "torchvision": "0.24"}
 
 # What to run when a package is below its floor.
 _UPGRADE = {"python": "install Python {floor} or newer, then recreate the venv (`make clean install`)",

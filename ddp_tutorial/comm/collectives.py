@@ -109,9 +109,9 @@ def all_to_all(rank: int, world_size: int, numel: int = 2, dtype: torch.dtype = 
     x = rank_data(rank, numel, dtype, rank_device())
     sizes = [b - a for a, b in segment_bounds(numel, world_size)]
     out = torch.empty(sizes[rank] * world_size, dtype=dtype, device=x.device)
-    # The _single form takes split sizes, even or not, on every backend. The list form,
-    # dist.all_to_all, takes uneven parts on NCCL but not on gloo, which wants every
-    # tensor the shape of the first ("ProcessGroupGloo::alltoall: invalid tensor size").
+    # The _single form takes split sizes, even or not, on every backend and release. The list
+    # form, dist.all_to_all, takes uneven parts on NCCL; gloo refuses them (newer releases want
+    # every tensor the shape of the first: "invalid tensor size"; 2.9-2.10 have no list form at all).
     dist.all_to_all_single(out, x, output_split_sizes=[sizes[rank]] * world_size,
                            input_split_sizes=sizes)
     return x.tolist(), out.tolist()

@@ -81,7 +81,8 @@ def test_run_and_stop_signals_the_agent_once_the_line_appears(counting_module):
     assert time.monotonic() - start < 40, "the job ran on after the stop line"
     assert result.returncode != 0
     assert "rank 0 step 5" in result.output and "rank 0 step 200" not in result.output
-    assert "Received 15 death signal" in result.output  # the agent forwarded it to its workers
+    # the agent got it (its log line, or on torch 2.9-2.10 only its SignalException) and stopped its workers
+    assert "Received 15 death signal" in result.output or "got signal: 15" in result.output, result.output
     assert_none_left(counting_module)
 
 

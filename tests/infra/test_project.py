@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 try:
     import tomllib
@@ -91,3 +92,39 @@ def test_environment_yml_installs_the_package_itself():
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def _make(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "-s", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_make_test_versions_pins_the_floors_and_runs_the_make_test_flags():
+    """`make test-versions` (dry run: no venv built) installs FLOORS' releases on the oldest side, the
+    newest torch on the other, and runs unit tests and nbval with the flags `make unit`/`make nbval` use."""
+    done = _make("-n", "test-versions", "PYTHON_OLDEST=/opt/py-oldest", "PYTHON_NEWEST=/opt/py-newest")
+    assert done.returncode == 0, done.stderr
+    plan = done.stdout
+    pins = "torch==" + FLOORS["torch"] + ".* torchvision==" + FLOORS["torchvision"] + ".*"
+    assert "py='/opt/py-oldest'; pins=\"" + pins + "\"; runs=\"unit\"" in plan  # README: the oldest skips nbval
+    assert "py='/opt/py-newest'; pins=\"--upgrade torch torchvision\"; runs=\"unit nbval\"" in plan
+    assert plan.startswith("set -f;")  # the pins' * are not file patterns
+    assert "sys.version_info[:2] != tuple(map(int, v)))'; then" in plan and 'v = "' + FLOORS["python"] + '"' in plan
+    unit = _make("-n", "unit", "-o", ".venv/.installed").stdout
+    nbval = _make("-n", "nbval", "-o", ".venv/.installed").stdout
+    xdist = unit.split(" -m pytest ")[1].split(" --durations")[0]
+    nbval_flags = nbval.split(xdist)[1].split(" notebooks")[0]
+    assert xdist.startswith("-n ") and "--nbval" in nbval_flags
+    assert plan.count(f"DDP_TUTORIAL_EXERCISES_FRESH=1 $venv/bin/python -m pytest {xdist} ") == 2
+    assert f"{nbval_flags} notebooks" in plan and " tests ||" in plan
+
+
+def test_make_test_versions_names_a_missing_interpreter():
+    done = _make("test-versions", "VERSIONS=oldest", "PYTHON_OLDEST=/nonexistent/python")
+    assert done.returncode != 0
+    assert f"test-versions: oldest: missing Python {FLOORS['python']} (PYTHON_OLDEST=" in done.stdout
+    done = _make("test-versions", "VERSIONS=newest", "PYTHON_NEWEST=")
+    assert done.returncode != 0 and "test-versions: newest: missing the newest Python" in done.stdout
+
+
+def test_ci_runs_the_versions_it_claims():
+    assert "make test-versions" in (ROOT / ".ci" / "run").read_text()

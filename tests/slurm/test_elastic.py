@@ -73,4 +73,4 @@ def test_record_reports_the_failing_ranks_traceback_and_the_logs_land_in_files(t
     assert "[default0]:rank 0: started" in out
     assert "rank 1: started" not in out
     with open(logs["attempt_0/1/stdout.log"]) as f:
-        assert f.read() == "rank 1: started\n"
+        assert f.read().splitlines()[0] == "rank 1: started"  # torch 2.9's gloo adds "[Gloo] Rank 1 is connected ..."
