@@ -82,8 +82,8 @@ def counting_all_reduce() -> Iterator[list[int]]:
 
 def option_facts(rank: int, world_size: int, batch_size: int = 32, seed: int = 0) -> dict[str, dict]:
     """Per option, after two steps (DDP rebuilds its buckets after the first): ``bytes`` sent by the
-    all-reduces of the second backward, ``grad_error`` (largest |grad - default's grad| over the largest
-    |grad|), ``storages`` (distinct storages holding the gradients) and ``params`` (tensors)."""
+    all-reduces of the second backward, ``grad_error`` (largest ``|grad - default's grad|`` over the largest
+    ``|grad|``), ``storages`` (distinct storages holding the gradients) and ``params`` (tensors)."""
     device = rank_device()
     base, (n_in, n_out) = make_model("big", seed)
     x, y = rank_batch(rank, n_in, n_out, batch_size, seed, device)
