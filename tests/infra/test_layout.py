@@ -19,7 +19,10 @@ TESTS = ROOT / "tests"
 # The lesson parts, bottom to top in the course's order; a part may import the ones before it.
 # training (the loop, data, checkpoints) sits under data_parallel: lesson 06 saves its checkpoint and
 # samples its data with training's helpers, and the training program uses torch's DDP, not the lessons'.
-PARTS = ("comm", "training", "data_parallel", "cluster", "pipeline_parallel", "sharding", "tensor_parallel")
+# In course order: a part may import only the parts before it. The last three are the LLM-scale
+# ladder's (issues 29-31); a part listed here need not exist yet, a folder not listed fails.
+PARTS = ("comm", "training", "data_parallel", "cluster", "pipeline_parallel", "sharding", "tensor_parallel",
+         "context_parallel", "expert_parallel", "capstone")
 SHARED = {"__init__", "__main__", "doctor", "gpu_check", "nbtools", "timing", "models"}
 BOTTOM = ("env", "launch")  # every part may use them; they use no part
 TOP = ("pitfalls", "bench", "exercises", "plots")  # may use any part; no part uses them
@@ -78,7 +81,7 @@ def test_the_top_level_shows_the_parts_and_at_most_8_shared_modules():
     top = sorted(p.stem for p in PKG.glob("*.py"))
     assert set(top) <= SHARED and len(top) <= 8, top
     folders = {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()}
-    assert folders == set(PARTS) | set(BOTTOM) | set(TOP)
+    assert set(BOTTOM) | set(TOP) | set(PARTS[:7]) <= folders <= set(PARTS) | set(BOTTOM) | set(TOP), folders
 
 
 def test_no_import_cycle_between_modules():
