@@ -139,7 +139,7 @@ def test_no_two_modules_share_a_file_name():
 
 
 def test_each_part_lists_its_modules_in_its_docstring():
-    for part in PARTS:
+    for part in (p for p in PARTS if (PKG / p).is_dir()):
         doc = ast.get_docstring(ast.parse((PKG / part / "__init__.py").read_text())) or ""
         listed = re.findall(r"^- ``(\w+)``", doc, re.M)
         present = sorted(p.stem for p in (PKG / part).glob("*.py") if p.stem not in ("__init__", "__main__"))
