@@ -1,0 +1,120 @@
+"""Routing tokens to experts in one process: top-k gates, capacity, the balancing loss (``20_expert_parallel``).
+
+A mixture-of-experts layer (``models.MixtureOfExperts``) sends each token to ``top_k`` of
+``num_experts`` expert MLPs chosen by a router. Everything here is a pure function of the
+router's output, the same on one process and on every rank of expert parallelism:
+
+- ``top_k_gates``: softmax over the experts, each token's ``k`` best, their probabilities
+  renormalised to sum to 1 (the gates that weight the experts' outputs);
+- ``capacity`` and ``keep_mask``: an expert takes at most ``ceil(factor * tokens * k / E)``
+  tokens of a group, first come in token order; the others are dropped (Switch Transformer,
+  Fedus et al. 2021, arXiv:2101.03961, section 2.2; GShard, Lepikhin et al. 2020, arXiv:2006.16668);
+- ``load_balancing_loss``: Switch's ``E * sum_e f_e * P_e``, ``f_e`` the fraction of the
+  assignments expert ``e`` got and ``P_e`` its mean probability; 1 when the load is even;
+- ``make_moe`` and ``moe_batch``: the layer and the tokens of the lesson's routings
+  (``SCENARIOS``), the uneven ones made on purpose.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ddp_tutorial.models import MixtureOfExperts
+
+__all__ = ["SCENARIOS", "DIM", "MoESetup", "top_k_gates", "capacity", "keep_mask", "expert_counts", "load_balancing_loss",
+           "make_moe", "moe_batch"]
+
+DIM = 8  # the model width of every layer in the lesson: tiny, so a CPU runs it at once
+# random: whatever the router says; idle expert: the last expert is never chosen;
+# one rank, one expert: rank 0's first choice is always the last expert, which no other rank picks first
+SCENARIOS = ("random", "idle expert", "one rank, one expert")
+
+
+@dataclass(frozen=True)
+class MoESetup:
+    """One run of the lesson's layer: which routing, how many experts, how many tokens per rank."""
+
+    scenario: str = "random"
+    top_k: int = 2
+    capacity_factor: float | None = None  # None: every expert takes every token sent to it
+    num_experts: int = 4
+    tokens_per_rank: int = 6
+    hidden: int = 16
+    seed: int = 0
+
+
+def top_k_gates(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(probs, chosen, gates)`` from the router's logits (tokens, E): see the module docstring."""
+    probs = torch.softmax(logits, dim=-1)
+    top, chosen = probs.topk(top_k, dim=-1)
+    return probs, chosen, top / top.sum(dim=-1, keepdim=True)
+
+
+def capacity(tokens: int, top_k: int, num_experts: int, factor: float | None) -> int | None:
+    """Most assignments one expert takes from a group of ``tokens`` (None: no limit).
+
+    Factor 1 is the even share ``tokens * k / E``; a larger factor leaves room for imbalance.
+    """
+    return None if factor is None else math.ceil(factor * tokens * top_k / num_experts)
+
+
+def keep_mask(chosen: torch.Tensor, num_experts: int, limit: int | None) -> torch.Tensor:
+    """(tokens, k) booleans: which choices their expert keeps, the first ``limit`` in token order.
+
+    Vectorised (the loops of ``MixtureOfExperts.kept`` are the reference): the assignments
+    in token-major order, a running count per expert, kept while the count is within the limit.
+    """
+    if limit is None:
+        return torch.ones_like(chosen, dtype=torch.bool)
+    one_hot = torch.nn.functional.one_hot(chosen.reshape(-1), num_experts)  # (tokens * k, E)
+    position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=1) - 1  # how many came before, per expert
+    return (position < limit).reshape(chosen.shape)
+
+
+def expert_counts(chosen: torch.Tensor, keep: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Tokens each expert takes: (E,) int64."""
+    return torch.bincount(chosen[keep], minlength=num_experts)
+
+
+def load_balancing_loss(probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Switch Transformer's auxiliary loss ``E * sum_e f_e * P_e``: 1 when balanced, up to E when not.
+
+    ``f_e`` (counted, no gradient) is the fraction of the assignments that chose expert ``e``;
+    ``P_e`` (differentiable) its mean router probability. The gradient lowers the probability
+    of the experts that got more than their share.
+    """
+    num_experts = probs.shape[-1]
+    fraction = torch.bincount(chosen.reshape(-1), minlength=num_experts).to(probs.dtype) / chosen.numel()
+    return num_experts * (fraction * probs.mean(dim=0)).sum()
+
+
+def make_moe(setup: MoESetup = MoESetup()) -> MixtureOfExperts:
+    """The lesson's layer, its router set up for ``setup.scenario`` (``SCENARIOS``); same seed, same weights."""
+    if setup.scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {setup.scenario!r}; choose one of {SCENARIOS}")
+    torch.manual_seed(setup.seed)
+    moe = MixtureOfExperts(DIM, setup.hidden, setup.num_experts, setup.top_k, capacity_factor=setup.capacity_factor)
+    with torch.no_grad():
+        if setup.scenario == "idle expert":  # tokens are positive there: this row scores far below the others
+            moe.router.weight[-1] = -1.0
+        elif setup.scenario == "one rank, one expert":  # the last expert listens to feature 0 only
+            moe.router.weight[-1] = 0.0
+            moe.router.weight[-1, 0] = 3.0
+    return moe
+
+
+def moe_batch(setup: MoESetup, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch ``(x, target)``, (world_size * tokens_per_rank, DIM); rank r holds rows r*n .. (r+1)*n."""
+    n = setup.tokens_per_rank
+    gen = torch.Generator().manual_seed(setup.seed + 1)
+    x = torch.randn(world_size * n, DIM, generator=gen)
+    target = torch.randn(world_size * n, DIM, generator=gen)
+    if setup.scenario == "idle expert":
+        x = x.abs()
+    elif setup.scenario == "one rank, one expert":
+        x[:, 0] = -1.0 - x[:, 0].abs()  # nobody scores the last expert high ...
+        x[:n, 0] = 3.0 + x[:n, 1].abs()  # ... except rank 0's tokens
+    return x, target
