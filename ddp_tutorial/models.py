@@ -250,3 +250,20 @@ class MixtureOfExperts(nn.Module):
             if len(token):
                 out = out.index_add(0, token, gates[token, slot, None] * expert(x[token]))
         return out
+
+
+class TinyMoENet(nn.Module):
+    """Linear -> residual mixture of experts -> Linear: dense layers around an MoE (``20_expert_parallel``).
+
+    Under expert parallelism ``moe`` is split over ranks and ``inp``/``out`` are data-parallel.
+    """
+
+    def __init__(self, dim: int = 8, hidden: int = 16, num_experts: int = 4, top_k: int = 2, *,
+                 capacity_factor: float | None = None):
+        super().__init__()
+        self.inp, self.out = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.moe = MixtureOfExperts(dim, hidden, num_experts, top_k, capacity_factor=capacity_factor)
+
+    def forward(self, x: torch.Tensor, groups: int = 1) -> torch.Tensor:
+        h = self.inp(x)
+        return self.out(h + self.moe(h, groups))

@@ -132,7 +132,9 @@ class ExpertParallelMoE(nn.Module):
         self.experts = nn.ModuleList(copy.deepcopy(full.experts[self.first + j]) for j in range(self.per_rank))
         self.last: dict = {}  # what the last forward sent and received: counts for the lesson
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, groups: int | None = None) -> torch.Tensor:
+        """``x``: this rank's tokens (tokens, dim). ``groups`` is ignored: each rank is its own capacity
+        group; it is there so that the layer can stand in for ``MixtureOfExperts``."""
         _, chosen, gates = top_k_gates(self.router(x), self.top_k)
         keep = keep_mask(chosen, self.num_experts, capacity(len(x), self.top_k, self.num_experts,
                                                             self.capacity_factor))
