@@ -17,6 +17,7 @@ router's output, the same on one process and on every rank of expert parallelism
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ import torch
 from ddp_tutorial.models import MixtureOfExperts
 
 __all__ = ["SCENARIOS", "DIM", "MoESetup", "top_k_gates", "capacity", "keep_mask", "expert_counts", "load_balancing_loss",
-           "make_moe", "moe_batch"]
+           "make_moe", "moe_batch", "dropped_fraction", "balance_run", "main"]
 
 DIM = 8  # the model width of every layer in the lesson: tiny, so a CPU runs it at once
 # random: whatever the router says; idle expert: the last expert is never chosen;
@@ -118,3 +119,60 @@ def moe_batch(setup: MoESetup, world_size: int) -> tuple[torch.Tensor, torch.Ten
         x[:, 0] = -1.0 - x[:, 0].abs()  # nobody scores the last expert high ...
         x[:n, 0] = 3.0 + x[:n, 1].abs()  # ... except rank 0's tokens
     return x, target
+
+
+def dropped_fraction(setup: MoESetup, world_size: int, factors: list[float]) -> list[float]:
+    """For each capacity factor, the fraction of (token, expert) assignments dropped, each rank a group."""
+    moe = make_moe(setup)
+    x, _ = moe_batch(setup, world_size)
+    with torch.no_grad():
+        _, chosen, _ = top_k_gates(moe.router(x), setup.top_k)
+    n = setup.tokens_per_rank
+    out = []
+    for factor in factors:
+        limit = capacity(n, setup.top_k, setup.num_experts, factor)
+        kept = sum(int(keep_mask(chosen[g * n:(g + 1) * n], setup.num_experts, limit).sum())
+                   for g in range(world_size))
+        out.append(1 - kept / chosen.numel())
+    return out
+
+
+def balance_run(aux_weight: float, steps: int = 30, setup: MoESetup = MoESetup(tokens_per_rank=64)) -> dict:
+    """Train the layer alone in one process (Adam, a fixed regression) with ``aux_weight`` times the
+    balancing loss added: the tokens per expert and the balancing loss at every step."""
+    moe = make_moe(setup)
+    with torch.no_grad():
+        moe.router.weight[0] += 0.2  # a router that starts out favouring expert 0 ...
+    x, target = moe_batch(setup, 1)
+    x = x.abs()  # ... for every token, since every feature is positive
+    opt = torch.optim.Adam(moe.parameters(), lr=0.02)
+    counts, aux = [], []
+    for _ in range(steps):
+        probs, chosen, _ = top_k_gates(moe.router(x), setup.top_k)
+        balance = load_balancing_loss(probs, chosen)
+        loss = torch.nn.functional.mse_loss(moe(x), target) + aux_weight * balance
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        counts.append(torch.bincount(chosen.reshape(-1), minlength=setup.num_experts).tolist())
+        aux.append(balance.item())
+    return {"counts": counts, "aux": aux}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    args = parser.parse_args()
+    setup = MoESetup()
+    factors = [0.5, 1.0, 1.25, 1.5, 2.0]
+    dropped = dropped_fraction(setup, 4, factors)
+    print("capacity factor -> dropped fraction (4 groups of 6 tokens, top-2 of 4 experts):")
+    print("  " + ", ".join(f"{f:g}: {d:.2f}" for f, d in zip(factors, dropped)))
+    for weight in (0.0, 0.1):
+        run = balance_run(weight, args.steps)
+        print(f"aux weight {weight:g}: tokens per expert {run['counts'][0]} -> {run['counts'][-1]}, "
+              f"balancing loss {run['aux'][0]:.3f} -> {run['aux'][-1]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
