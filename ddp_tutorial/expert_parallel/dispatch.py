@@ -35,7 +35,14 @@ from torch import nn
 
 from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.expert_parallel.routing import (
-    SCENARIOS, MoESetup, capacity, expert_counts, keep_mask, make_moe, moe_batch, top_k_gates,
+    SCENARIOS,
+    MoESetup,
+    capacity,
+    expert_counts,
+    keep_mask,
+    make_moe,
+    moe_batch,
+    top_k_gates,
 )
 from ddp_tutorial.models import MixtureOfExperts
 
