@@ -67,6 +67,10 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
     "15_cluster": (python("cluster.jobs", "list", comment="the Slurm job scripts and what each does"),
                    python("cluster.jobs", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
                    Command("cluster.elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
+    "20_expert_parallel": (Command("expert_parallel.dispatch", nproc=4, comment="4 experts over 4 ranks = one process"),
+                           Command("expert_parallel.ep_dp", nproc=4, comment="experts over 2 ranks x 2 copies, the rest data-parallel"),
+                           python("expert_parallel.routing", comment="capacity and the balancing loss, in one process"),
+                           python("bench", "experts", comment="dispatch + combine against the experts' compute")),
 }
 
 

@@ -146,20 +146,26 @@ class ExpertParallelMoE(nn.Module):
         keep = keep_mask(chosen, self.num_experts, capacity(len(x), self.top_k, self.num_experts,
                                                             self.capacity_factor))
         rows, plan = dispatch(x, chosen, gates, keep, self.num_experts, self.group)
-        mine = torch.arange(self.per_rank, device=x.device).repeat(len(plan.recv))  # (src, my expert) blocks ...
-        mine = mine.repeat_interleave(plan.received_counts.reshape(-1))  # ... as one expert index per row
+        done = self.local_experts(rows, plan.received_counts)
+        self.last = {"sent": expert_counts(chosen, keep, self.num_experts).cpu(),
+                     "dropped": int((~keep).sum()), "received": plan.received_counts.cpu()}
+        return combine(done, plan, len(x), self.group)
+
+    def local_experts(self, rows: torch.Tensor, received_counts: torch.Tensor) -> torch.Tensor:
+        """Step 3: each of my experts on the rows that came for it; ``received_counts[src, j]`` rows
+        from rank ``src`` for my ``j``-th expert, in that order."""
+        mine = torch.arange(self.per_rank, device=rows.device).repeat(len(received_counts))  # (src, expert) blocks ...
+        mine = mine.repeat_interleave(received_counts.reshape(-1).to(rows.device))  # ... one expert index per row
         # Zeros that depend on the rows, and need a gradient: even when my experts got no row, both
         # all-to-alls stay in the graph, for their backward is a collective every peer waits in (a hang).
         done = rows * 0
         if torch.is_grad_enabled() and not done.requires_grad:
             done.requires_grad_()
-        for j, expert in enumerate(self.experts):  # step 3: my experts, each on its rows
+        for j, expert in enumerate(self.experts):
             at = torch.nonzero(mine == j).flatten()
             if len(at):
                 done = done.index_copy(0, at, expert(rows[at]))
-        self.last = {"sent": expert_counts(chosen, keep, self.num_experts).cpu(),
-                     "dropped": int((~keep).sum()), "received": plan.received_counts.cpu()}
-        return combine(done, plan, len(x), self.group)
+        return done
 
 
 def finish_gradients(model: ExpertParallelMoE, group: dist.ProcessGroup | None = None) -> None:
