@@ -27,3 +27,25 @@ MISTAKES = {
         .replace("dist.all_to_all_single(received, x[order],", "dist.all_to_all_single(received, compute(x[order]),"),
         ["sent to rank 1", "came back to its place, but computed on rank 0", "after the dispatch"], 30),
 }
+
+ALSO_RIGHT = {
+    "dispatch_combine with torch.sort and index_copy": (
+        "dispatch_combine", """import torch
+import torch.distributed as dist
+
+
+def dispatch_combine(x, destination, compute):
+    n = dist.get_world_size()
+    _, order = torch.sort(destination, stable=True)
+    counts = torch.stack([(destination == r).sum() for r in range(n)])
+    incoming = torch.empty_like(counts)
+    dist.all_to_all_single(incoming, counts)
+    send, recv = counts.tolist(), incoming.tolist()
+    rows = x.new_empty((sum(recv), x.shape[1]))
+    dist.all_to_all_single(rows, x.index_select(0, order), recv, send)
+    results = compute(rows)
+    back = torch.empty_like(x)
+    dist.all_to_all_single(back, results, send, recv)
+    return torch.empty_like(x).index_copy_(0, order, back)
+""", 30),
+}
