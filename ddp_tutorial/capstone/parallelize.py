@@ -66,8 +66,7 @@ def tp_plan(model: CharGPT) -> dict:
 def block_tp_plan() -> dict:
     """One block's plan: Megatron's split of attention and MLP, the norms sequence parallel."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel)
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
     def gather_sequence() -> PrepareModuleInput:  # the block's sublayer needs every position
         return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
