@@ -33,7 +33,7 @@ from ddp_tutorial.capstone.parallelize import apply_fsdp, apply_tp, pipeline_par
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss, train_one_process
 from ddp_tutorial.env import distributed, rank_device
 
-__all__ = ["TOLERANCE", "composed_worker", "compare", "main"]
+__all__ = ["TOLERANCE", "composed_worker", "composed_runs", "compare", "main"]
 
 # float64 throughout: the layouts add the same numbers in other orders (sums split over ranks,
 # microbatches), so they differ from one process by rounding only, far below this.
@@ -127,6 +127,11 @@ def composed_worker(rank: int, world_size: int, layout: dict, steps: int = 3, ru
             "groups": {d: dist.get_process_group_ranks(mesh[d].get_group()) for d in mesh.mesh_dim_names},
             "losses": (total / shape.dp).cpu().tolist() if rank == 0 else None,
             "state": weights if rank == 0 else None}
+
+
+def composed_runs(rank: int, world_size: int, layouts: list[dict], steps: int = 3) -> list[dict]:
+    """``composed_worker`` for each layout in turn, on the same ranks: one launch for several layouts."""
+    return [composed_worker(rank, world_size, layout, steps) for layout in layouts]
 
 
 def compare(result: dict, reference: dict) -> dict[str, float]:

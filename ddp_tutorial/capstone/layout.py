@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # torch.distributed is imported by build_mesh, the one functi
     from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["MESH_DIMS", "Layout", "LayoutError", "layout_problems", "check_layout", "layouts", "coordinates",
-           "rank_at", "group_ranks", "all_groups", "build_mesh", "describe", "main"]
+           "rank_at", "group_ranks", "all_groups", "build_mesh", "mesh_worker", "describe", "main"]
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # torchtitan's order, outermost first: tp varies fastest
 
@@ -152,6 +152,20 @@ def build_mesh(layout: Layout) -> DeviceMesh:
         raise LayoutError(f"layout {layout}: dp x tp x pp x cp = {layout.world_size}, but the world has "
                           f"{dist.get_world_size()} ranks")
     return init_device_mesh(rank_device().type, layout.shape, mesh_dim_names=MESH_DIMS)
+
+
+def mesh_worker(rank: int, world_size: int, layouts_: list[dict]) -> list[dict]:
+    """For each layout (of ``world_size`` ranks), what torch's ``DeviceMesh`` says of this rank: the
+    dimension names, the shape, its coordinate and, per dimension, the ranks of its process group."""
+    import torch.distributed as dist
+
+    out = []
+    for layout in layouts_:
+        mesh = build_mesh(Layout(**layout))
+        out.append({"names": mesh.mesh_dim_names, "shape": tuple(mesh.shape),
+                    "coordinate": dict(zip(mesh.mesh_dim_names, mesh.get_coordinate())),
+                    "groups": {d: dist.get_process_group_ranks(mesh[d].get_group()) for d in mesh.mesh_dim_names}})
+    return out
 
 
 def describe(layout: Layout) -> str:

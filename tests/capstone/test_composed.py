@@ -13,9 +13,8 @@ import os
 
 import pytest
 import torch
-from capstone_workers import composed_runs
 
-from ddp_tutorial.capstone.composed import TOLERANCE, compare, composed_worker
+from ddp_tutorial.capstone.composed import TOLERANCE, compare, composed_runs, composed_worker
 from ddp_tutorial.capstone.layout import Layout, group_ranks, layouts
 from ddp_tutorial.capstone.parallelize import pipeline_part, stage_layers
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, train_one_process
@@ -74,3 +73,7 @@ def test_every_pair_of_parallelisms_equals_one_process(reference):
 def test_every_layout_without_cp_equals_one_process(world, reference):
     runnable = [lay for lay in layouts(8, **GPTRun().model_limits()) if lay.cp == 1 and lay.world_size == world]
     check_runs(runnable, reference, timeout=600)
+
+
+def test_the_layout_rules_know_the_runs_model():
+    assert layouts() == layouts(8, **GPTRun().model_limits())  # layout's defaults are GPTRun's

@@ -11,7 +11,6 @@ import itertools
 
 import numpy as np
 import pytest
-from capstone_workers import mesh_facts
 
 from ddp_tutorial.capstone.layout import (
     MESH_DIMS,
@@ -23,6 +22,7 @@ from ddp_tutorial.capstone.layout import (
     group_ranks,
     layout_problems,
     layouts,
+    mesh_worker,
     rank_at,
 )
 from ddp_tutorial.launch import spawn
@@ -100,7 +100,7 @@ def test_a_refused_layout_says_every_reason():
 
 def test_build_mesh_is_what_the_pure_functions_say():
     four = [Layout(dp=2, tp=2), Layout(tp=2, pp=2), Layout(pp=2, cp=2), Layout(dp=4)]
-    results = spawn(mesh_facts, 4, args=([vars(lay) for lay in four],), timeout=120)
+    results = spawn(mesh_worker, 4, args=([vars(lay) for lay in four],), timeout=120)
     for rank, facts in enumerate(results):
         for layout, got in zip(four, facts):
             assert got["names"] == MESH_DIMS and got["shape"] == layout.shape
@@ -110,4 +110,4 @@ def test_build_mesh_is_what_the_pure_functions_say():
 
 def test_build_mesh_refuses_a_product_other_than_the_world_size():
     with pytest.raises(Exception, match="dp x tp x pp x cp = 4, but the world has 2 ranks"):
-        spawn(mesh_facts, 2, args=([{"dp": 2, "tp": 2}],), timeout=60, quiet=True)
+        spawn(mesh_worker, 2, args=([{"dp": 2, "tp": 2}],), timeout=60, quiet=True)
