@@ -1,8 +1,8 @@
 """Part 10, the capstone (lesson 21): one small GPT trained with every parallelism at once, equal to one process.
 
 The modules, in lesson order:
-- ``data`` (21): character-level text from a fixed grammar, and each step's global batch;
-  ``python -m ddp_tutorial.capstone.data``
+- ``chars`` (21): character-level text from a fixed grammar, and each step's global batch;
+  ``python -m ddp_tutorial.capstone.chars``
 - ``reference`` (21): ``CharGPT`` trained by one process, the run every layout must equal;
   ``python -m ddp_tutorial.capstone.reference``
 - ``layout`` (21): ``--dp --tp --pp --cp`` -> one ``DeviceMesh`` (``pp, dp, cp, tp``), every

@@ -27,7 +27,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.capstone.data import VOCAB, char_batch
+from ddp_tutorial.capstone.chars import VOCAB, char_batch
 from ddp_tutorial.capstone.layout import Layout, LayoutError, build_mesh, check_layout, coordinates
 from ddp_tutorial.capstone.parallelize import apply_fsdp, apply_tp, pipeline_part
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss, train_one_process

@@ -1,7 +1,7 @@
 """The capstone's reference: ``CharGPT`` trained by one process on the whole global batch (``21_capstone``).
 
 Every composed layout must reproduce this run: the same model (one seed), the same batches
-(``data.char_batch``), the same Adam steps. ``GPTRun`` holds every number both share, so a
+(``chars.char_batch``), the same Adam steps. ``GPTRun`` holds every number both share, so a
 layout and the reference can only differ in how the work is split. A few hundred steps take
 the loss from ``ln 32 = 3.47`` (a uniform guess over the alphabet) to about 0.55: the grammar's
 words and their order are learned; the random choices between them cannot be.
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ddp_tutorial.capstone.data import VOCAB, char_batch, decode, encode
+from ddp_tutorial.capstone.chars import VOCAB, char_batch, decode, encode
 from ddp_tutorial.models import CharGPT
 
 __all__ = ["GPTRun", "make_gpt", "next_char_loss", "train_one_process", "sample", "main"]

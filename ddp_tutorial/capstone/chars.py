@@ -8,7 +8,7 @@ text is read. ``char_batch`` cuts a step's global batch of windows out of the te
 draws the same windows and keeps its rows, so one process can train on exactly what all
 ranks saw together.
 
-    python -m ddp_tutorial.capstone.data        # a sample of the text and its size
+    python -m ddp_tutorial.capstone.chars        # a sample of the text and its size
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``ddp_tutorial.capstone.data`` and ``ddp_tutorial.capstone.reference``: the text, the batches, the GPT.
+"""``ddp_tutorial.capstone.chars`` and ``ddp_tutorial.capstone.reference``: the text, the batches, the GPT.
 
 The batches against the text they are cut from; ``CharGPT``'s causality and rotary positions
 against what they promise (no position sees a later one; attention scores depend only on
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from ddp_tutorial.capstone.data import ALPHABET, VOCAB, char_batch, corpus, decode, encode
+from ddp_tutorial.capstone.chars import ALPHABET, VOCAB, char_batch, corpus, decode, encode
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, sample, train_one_process
 from ddp_tutorial.models import rotary
 
