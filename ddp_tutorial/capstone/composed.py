@@ -5,7 +5,7 @@ over its ``tp`` group and shards it over its ``dp`` group (``parallelize``), the
 
 - without pipelining, forward and backward of its replica's rows of the global batch;
 - with it, ``torch.distributed.pipelining``'s GPipe schedule over the ``pp`` group: the
-  replica's rows cut into ``microbatches``, the loss computed on the last stage, gradients
+  replica's rows cut into ``microbatches`` (at least one per stage), the loss computed on the last stage, gradients
   averaged over the microbatches (``scale_grads``, the default), as one mean over the rows.
 
 FSDP2 averages the gradients over ``dp``, so every step is one Adam step on the gradient
@@ -23,15 +23,21 @@ from __future__ import annotations
 import argparse
 import logging
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from ddp_tutorial.capstone.chars import VOCAB, char_batch
-from ddp_tutorial.capstone.layout import Layout, LayoutError, build_mesh, check_layout, coordinates
+from ddp_tutorial.capstone.layout import Layout, LayoutError, build_mesh, check_layout, coordinates, microbatches_for
 from ddp_tutorial.capstone.parallelize import apply_fsdp, apply_tp, pipeline_part
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss, train_one_process
 from ddp_tutorial.env import distributed, rank_device
+
+if TYPE_CHECKING:  # imported where used: a learner's torch without these still imports the module
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining import ScheduleGPipe
 
 __all__ = ["TOLERANCE", "composed_worker", "composed_runs", "compare", "main"]
 
@@ -40,23 +46,31 @@ __all__ = ["TOLERANCE", "composed_worker", "composed_runs", "compare", "main"]
 TOLERANCE = 1e-9
 
 
-def _stage(model, run: GPTRun, layout: Layout, mesh, device: torch.device):
+def _stage(model: nn.Module, run: GPTRun, layout: Layout, *, mesh: DeviceMesh,
+           device: torch.device) -> ScheduleGPipe:
     """The GPipe schedule of this rank's stage, with the example tensors its neighbours send."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     pp = mesh["pp"]
-    stage, rows = pp.get_local_rank(), run.global_batch // layout.dp // run.microbatches
+    chunks = microbatches_for(layout.pp, run.microbatches)
+    stage, rows = pp.get_local_rank(), run.global_batch // layout.dp // chunks
+    # requires_grad: a stage sends its input's gradient back to the stage before (without it, that
+    # stage's backward receives None and fails).
     hidden = torch.empty(rows, run.seq // layout.tp, run.dim, dtype=run.dtype, device=device).requires_grad_()
     first = torch.empty(rows, run.seq, dtype=torch.int64, device=device)
     logits = torch.empty(rows, run.seq, VOCAB, dtype=run.dtype, device=device)
-    # Given, not inferred: shape inference would run the stage's TP layers on meta tensors.
+    # Given, not inferred: the shapes follow from the run and the layout (a stage holds seq / tp
+    # positions between blocks), so the first step needs no shape inference between stages.
     piece = PipelineStage(model, stage, layout.pp, device, input_args=first if stage == 0 else hidden,
                           output_args=logits if stage == layout.pp - 1 else hidden, group=pp.get_group())
-    return ScheduleGPipe(piece, run.microbatches, loss_fn=next_char_loss)
+    return ScheduleGPipe(piece, chunks, loss_fn=next_char_loss)
 
 
-def _train_step(model, schedule, optimizer, inputs, targets, stage: int, stages: int) -> torch.Tensor:
-    """One step; the replica's mean loss on the last stage, 0 elsewhere."""
+def _train_step(model: nn.Module, schedule: ScheduleGPipe | None, optimizer: torch.optim.Optimizer, *,
+                batch: tuple[torch.Tensor, torch.Tensor], stage: int,
+                stages: int) -> torch.Tensor:
+    """One step on ``batch`` (inputs, targets); the replica's mean loss on the last stage, 0 elsewhere."""
+    inputs, targets = batch
     optimizer.zero_grad()
     if schedule is None:
         loss = next_char_loss(model(inputs), targets)
@@ -71,7 +85,7 @@ def _train_step(model, schedule, optimizer, inputs, targets, stage: int, stages:
     return loss.detach().to(torch.float64).cpu()
 
 
-def _gather_weights(model, mesh) -> dict[str, torch.Tensor]:
+def _gather_weights(model: nn.Module, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
     """The whole model's weights, on every rank: each DTensor gathered, then the stages' sets joined."""
     from torch.distributed.tensor import DTensor
 
@@ -108,14 +122,14 @@ def composed_worker(rank: int, world_size: int, layout: dict, steps: int = 3, ru
     if shape.dp > 1:
         apply_fsdp(model, mesh["dp"], reshard_after_forward=shape.pp == 1)
     optimizer = torch.optim.Adam(model.parameters(), lr=run_.lr)
-    schedule = _stage(model, run_, shape, mesh, device) if shape.pp > 1 else None
+    schedule = _stage(model, run_, shape, mesh=mesh, device=device) if shape.pp > 1 else None
     dp_rank = mesh["dp"].get_local_rank()
     losses = []
     for step in range(steps):
         inputs, targets = char_batch(step, run_.global_batch, run_.seq, part=dp_rank, parts=shape.dp,
                                      seed=run_.seed)
-        losses.append(_train_step(model, schedule, optimizer, inputs.to(device), targets.to(device),
-                                  stage, shape.pp))
+        losses.append(_train_step(model, schedule, optimizer, batch=(inputs.to(device), targets.to(device)),
+                                  stage=stage, stages=shape.pp))
     # The global loss: the last stage's (a sum over pp, the others add 0), averaged over the replicas.
     total = torch.stack(losses).to(device)
     dist.all_reduce(total, group=mesh["pp"].get_group())

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch.distributed is imported by build_mesh, the one function that needs a group
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["MESH_DIMS", "Layout", "LayoutError", "layout_problems", "check_layout", "layouts", "coordinates",
+__all__ = ["MESH_DIMS", "Layout", "LayoutError", "layout_problems", "microbatches_for", "check_layout", "layouts", "coordinates",
            "rank_at", "group_ranks", "all_groups", "build_mesh", "mesh_worker", "describe", "main"]
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # torchtitan's order, outermost first: tp varies fastest
@@ -79,9 +79,16 @@ def layout_problems(layout: Layout, world_size: int | None = None, *, heads: int
     per_replica = global_batch // layout.dp if global_batch % layout.dp == 0 else None
     if per_replica is None:
         problems.append(f"dp={layout.dp} does not divide the global batch of {global_batch} sequences")
-    elif layout.pp > 1 and per_replica % microbatches:
-        problems.append(f"a replica's {per_replica} sequences do not split into {microbatches} microbatches")
+    elif layout.pp > 1 and per_replica % microbatches_for(layout.pp, microbatches):
+        problems.append(f"a replica's {per_replica} sequences do not split into "
+                        f"{microbatches_for(layout.pp, microbatches)} microbatches (at least one per stage)")
     return problems
+
+
+def microbatches_for(pp: int, microbatches: int) -> int:
+    """The microbatches a pipelined replica cuts its rows into: ``microbatches``, and at least one per
+    stage (torch refuses fewer for single-stage schedules in some releases, pytorch#144702)."""
+    return max(microbatches, pp)
 
 
 def check_layout(layout: Layout, world_size: int | None = None, **model: int) -> Layout:

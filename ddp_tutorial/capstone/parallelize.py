@@ -20,9 +20,14 @@ already hold the TP split.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from ddp_tutorial.models import CharGPT
+
+if TYPE_CHECKING:  # torch.distributed's pieces are imported by the functions that use them
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["stage_layers", "pipeline_part", "tp_plan", "block_tp_plan", "apply_tp", "apply_fsdp"]
 
@@ -83,7 +88,7 @@ def block_tp_plan() -> dict:
     }
 
 
-def apply_tp(model: CharGPT, tp_mesh) -> CharGPT:
+def apply_tp(model: CharGPT, tp_mesh: DeviceMesh) -> CharGPT:
     """Tensor and sequence parallelism over ``tp_mesh`` (a 1-D ``DeviceMesh``), in place."""
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -93,7 +98,7 @@ def apply_tp(model: CharGPT, tp_mesh) -> CharGPT:
     return model
 
 
-def apply_fsdp(model: CharGPT, dp_mesh, *, reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp(model: CharGPT, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> nn.Module:
     """FSDP2 over ``dp_mesh``: each block a unit, then the stage's root (embedding, norm, head), in place.
 
     Pipelined stages pass ``reshard_after_forward=False``: a stage runs the forward of every

@@ -33,7 +33,7 @@ class GPTRun:
     layers: int = 4
     seq: int = 16
     global_batch: int = 8
-    microbatches: int = 2  # per data-parallel replica, when pipelined
+    microbatches: int = 2  # per data-parallel replica, when pipelined (and at least one per stage)
     lr: float = 1e-2
     seed: int = 0
     dtype: torch.dtype = torch.float64  # the comparisons' precision; the curve runs in float32
@@ -75,7 +75,7 @@ def train_one_process(run: GPTRun, steps: int) -> dict:
 
 
 @torch.no_grad()
-def sample(model: CharGPT, prompt: str, length: int, seq: int) -> str:
+def sample(model: CharGPT, prompt: str, length: int, *, seq: int) -> str:
     """``length`` characters after ``prompt``, each the most likely next one (greedy: no randomness)."""
     tokens = encode(prompt)
     for _ in range(length):
@@ -95,7 +95,7 @@ def main() -> None:
     for step in range(0, args.steps, max(1, args.steps // 10)):
         print(f"step {step:4d}: loss {losses[step]:.2f}")
     print(f"step {args.steps - 1:4d}: loss {losses[-1]:.2f}")
-    print("sample:", repr(sample(result["model"], "the ", 40, run.seq)))
+    print("sample:", repr(sample(result["model"], "the ", 40, seq=run.seq)))
     if args.plot:
         import matplotlib.pyplot as plt
 

@@ -64,4 +64,4 @@ def test_the_reference_learns_the_grammar():
     losses = result["losses"]
     assert abs(losses[0] - math.log(VOCAB)) < 0.3  # a uniform guess at first
     assert sum(losses[-10:]) / 10 < 1.5
-    assert sample(result["model"], "the ", 8, 16).startswith("the ")
+    assert sample(result["model"], "the ", 8, seq=16).startswith("the ")

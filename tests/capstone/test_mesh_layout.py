@@ -61,7 +61,7 @@ def rules_broken(layout: Layout, heads: int, layers: int, seq: int, batch: int, 
     """The admission rules, written again without the module: does the model refuse ``layout``?"""
     replica = batch // layout.dp
     return bool(heads % layout.tp or seq % (layout.tp * layout.cp) or layers % layout.pp or batch % layout.dp
-                or (layout.pp > 1 and replica % micro))
+                or (layout.pp > 1 and replica % max(micro, layout.pp)))
 
 
 @pytest.mark.parametrize("model", [dict(heads=4, layers=4, seq=16, global_batch=8, microbatches=2),

@@ -56,7 +56,7 @@ def wrong_mesh(mesh: object, layout: Layout) -> str | None:
     return None
 
 
-def wrong_groups(groups: object, rank: int, layout: Layout, mesh: DeviceMesh) -> str | None:
+def wrong_groups(groups: object, rank: int, layout: Layout, *, mesh: DeviceMesh) -> str | None:
     """What is wrong with the returned groups (None: each is this rank's group, as torch's mesh says)."""
     want = group_ranks(rank, layout)
     torch_says = {d: dist.get_process_group_ranks(mesh[d].get_group()) for d in MESH_DIMS}
@@ -93,7 +93,7 @@ def mesh_groups_worker(rank: int, world_size: int, source: str, function: str, t
             if not (isinstance(result, tuple) and len(result) == 2):
                 return f"returned {type(result).__name__}; return a pair: (mesh, groups)"
             mesh, groups = result
-            problem = wrong_mesh(mesh, layout) or wrong_groups(groups, rank, layout, mesh)
+            problem = wrong_mesh(mesh, layout) or wrong_groups(groups, rank, layout, mesh=mesh)
             if problem:
                 return problem
             asked = sorted({f"dist.{c.kind}" for c in trace.calls})
