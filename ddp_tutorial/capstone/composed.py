@@ -80,7 +80,7 @@ def _train_step(model: nn.Module, schedule: ScheduleGPipe | None, optimizer: tor
         last = stage == stages - 1
         args = (inputs,) if stage == 0 else ()
         schedule.step(*args, target=targets if last else None, losses=losses if last else None)
-        loss = torch.stack(losses).mean() if last else torch.zeros((), dtype=inputs.dtype)
+        loss = torch.stack(losses).mean() if last else torch.zeros((), dtype=torch.float64)
     optimizer.step()
     return loss.detach().to(torch.float64).cpu()
 
@@ -173,7 +173,7 @@ def main() -> None:
             given["dp"] = max(1, info.world_size // rest)
         try:
             result = composed_worker(info.rank, info.world_size, given, args.steps)
-        except LayoutError as err:  # every rank refuses the same layout, before any collective
+        except (LayoutError, NotImplementedError) as err:  # every rank refuses the same, before any collective
             raise SystemExit(f"composed: {err}") from None
     if info.is_main:
         ref = train_one_process(GPTRun(), args.steps)
