@@ -67,6 +67,10 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
     "15_cluster": (python("cluster.jobs", "list", comment="the Slurm job scripts and what each does"),
                    python("cluster.jobs", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
                    Command("cluster.elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
+    "21_capstone": (python("capstone.reference", comment="the one-process run every layout must equal: loss curve"),
+                    python("capstone.layout", "--dp 2 --tp 2 --pp 2", comment="each rank's coordinates and groups"),
+                    Command("capstone.composed", "--dp 2 --tp 2 --pp 2", nproc=8,
+                            comment="dp x tp x pp on 8 ranks, checked against one process")),
 }
 
 
