@@ -83,14 +83,17 @@ class NewStorages(TorchDispatchMode):
         return out
 
 
-def held_after_forward(model: nn.Module, *inputs: torch.Tensor) -> int:
+def held_after_forward(model: nn.Module, *inputs: torch.Tensor, targets: torch.Tensor | None = None) -> int:
     """Bytes that ``model(*inputs)`` leaves alive for backward, besides its output and the parameters.
 
-    A storage whose last reference is gone is freed at once (reference counting), so what is
-    still alive when forward returns is what autograd's graph (or a checkpoint) keeps.
+    With ``targets``, forward includes the cross-entropy loss of the output (logits). A storage
+    whose last reference is gone is freed at once (reference counting), so what is still alive
+    when forward returns is what autograd's graph (or a checkpoint) keeps.
     """
     with NewStorages() as mode:
         out = model(*inputs)
+        if targets is not None:
+            out = nn.functional.cross_entropy(out, targets)
     keep = {p.untyped_storage().data_ptr() for p in model.parameters()}
     keep |= {t.untyped_storage().data_ptr() for t in (out, *inputs)}
     held = sum(n for ptr, (ref, n) in mode.refs.items() if ptr not in keep and not ref.expired())
