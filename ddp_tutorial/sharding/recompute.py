@@ -18,6 +18,7 @@ what the graph holds for backward. Without checkpointing it equals ``activations
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -27,7 +28,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["MODES", "MATMULS", "Recomputed", "recompute_blocks", "held_after_forward", "step_flops", "keep_matmuls"]
+from ddp_tutorial.models import TinyTransformer, token_batch
+from ddp_tutorial.timing import timed
+
+__all__ = ["MODES", "MATMULS", "Recomputed", "recompute_blocks", "held_after_forward", "step_flops", "keep_matmuls",
+           "tradeoff"]
 
 MODES = ("none", "selective", "full")
 aten = torch.ops.aten
@@ -106,3 +111,33 @@ def step_flops(step: Callable[[], object]) -> int:
     with FlopCounterMode(display=False) as counter:
         step()
     return counter.get_total_flops()
+
+
+def tradeoff(model_kwargs: dict, *, batch: int = 4, seq: int = 64, repeat: int = 3) -> list[dict]:
+    """Per mode (none, selective, full): bytes held after forward, FLOPs and best time of a step.
+
+    The ratios are to ``"none"`` in the same run; the same seed (same weights, same dropout
+    masks) in every mode, so the gradients are equal too (``"same grads"``).
+    """
+    tokens, targets = token_batch(0, 1, per_rank=batch, seq=seq, vocab=model_kwargs.get("vocab", 32))
+    rows, reference = [], None
+    for mode in MODES:
+        torch.manual_seed(0)
+        model = recompute_blocks(TinyTransformer(**model_kwargs), mode)
+
+        def step() -> None:
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(1)
+            nn.functional.cross_entropy(model(tokens), targets).backward()
+
+        with warnings.catch_warnings():  # newer torch asks SAC whether to respect outer saved-tensor hooks
+            warnings.simplefilter("ignore", FutureWarning)
+            held = held_after_forward(model, tokens, targets=targets)
+            flops, seconds = step_flops(step), timed(step, repeat=repeat)
+        grads = [p.grad.clone() for p in model.parameters()]
+        reference = reference or {"held": held, "flops": flops, "seconds": seconds, "grads": grads}
+        rows.append({"mode": mode, "held": held, "flops": flops, "seconds": seconds,
+                     "held ratio": held / reference["held"], "flops ratio": flops / reference["flops"],
+                     "time ratio": seconds / reference["seconds"],
+                     "same grads": all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, reference["grads"]))})
+    return rows
