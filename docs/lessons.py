@@ -67,6 +67,9 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
     "15_cluster": (python("cluster.jobs", "list", comment="the Slurm job scripts and what each does"),
                    python("cluster.jobs", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
                    Command("cluster.elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
+    "16_memory": (python("sharding.calculator", "--model llama-8b --dp 8 --zero 1 --recompute full",
+                         comment="bytes per rank for Llama 3 8B"),
+                  python("bench", "memory", comment="the calculator against measured bytes, and recompute's cost")),
 }
 
 
