@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> Result:
 
 
 def plot(result: Result, ax: Axes) -> None:
-    from ddp_tutorial.plots.memory import plot_recompute_tradeoff
+    from ddp_tutorial.plots.saved_bytes import plot_recompute_tradeoff
 
     none = result.rows[0]["measured"]
     rows = [{"mode": "none", "held ratio": 1.0, "flops ratio": 1.0, "time ratio": 1.0}]

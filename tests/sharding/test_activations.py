@@ -1,7 +1,7 @@
 """Activation memory measured two ways (saved-tensor hooks, storages alive after forward) against the formula.
 
 Covers ``ddp_tutorial.sharding.activations``, ``ddp_tutorial.sharding.recompute``,
-``ddp_tutorial.models`` (``Block``'s ``dropout`` and ``attention``), ``ddp_tutorial.plots.memory``.
+``ddp_tutorial.models`` (``Block``'s ``dropout`` and ``attention``), ``ddp_tutorial.plots.saved_bytes``.
 """
 
 from __future__ import annotations
