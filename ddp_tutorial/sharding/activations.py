@@ -10,10 +10,11 @@ counts once: bytes are what is held, not how often it is referenced.
 
 ``block_terms`` is the formula of Korthikanti et al. (2022), "Reducing Activation Recomputation
 in Large Transformer Models", written per op for ``models.Block`` with ``attention="math"`` and
-dropout: with ``e`` bytes per activation, 1-byte dropout masks, ``T = b·s`` tokens of width
-``h`` and ``a`` heads, one block saves ``T·h·(16e + 2) + a·s·T·(2e + 1)`` bytes, plus the
-LayerNorms' float32 mean and 1/std (16 bytes per token). For ``e = 2`` this is the paper's
-``s·b·h·(34 + 5·a·s/h)``.
+dropout: with ``e`` bytes per activation, ``m`` per dropout-mask element, ``T = b·s`` tokens of
+width ``h`` and ``a`` heads, one block saves ``T·h·(16e + 2m) + a·s·T·(2e + m)`` bytes, plus the
+LayerNorms' float32 mean and 1/std (16 bytes per token). For ``e = 2, m = 1`` (CUDA's fused
+dropout keeps a bool mask) this is the paper's ``s·b·h·(34 + 5·a·s/h)``; on a CPU ``F.dropout``
+multiplies by a mask of the activation's dtype (``m = e``). ``16_memory`` measures each term.
 """
 
 from __future__ import annotations
