@@ -156,11 +156,14 @@ class Block(nn.Module):
         # an additive mask: adding saves nothing for backward, masked_fill would keep a mask
         future = torch.full((t, t), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
         scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5 + future
-        return nn.functional.dropout(scores.softmax(-1), p, self.training) @ v
+        probs = scores.softmax(-1)
+        return (nn.functional.dropout(probs, p, self.training) if p else probs) @ v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def drop(y: torch.Tensor) -> torch.Tensor:  # at p = 0 not even called: today's graph, exactly
+            return nn.functional.dropout(y, self.dropout, self.training) if self.dropout else y
+
         b, t, d = x.shape
-        drop = lambda y: nn.functional.dropout(y, self.dropout, self.training)  # noqa: E731  (identity at p = 0)
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         attended = self.attend(q, k, v)
         x = x + drop(self.proj(attended.transpose(1, 2).reshape(b, t, d)))
@@ -171,16 +174,14 @@ class TinyTransformer(nn.Module):
     """Token embedding, ``layers`` blocks, a final norm and a head: a GPT in miniature.
 
     Returns logits of shape (batch * seq, vocab). The defaults (7,648 parameters) keep
-    every size a multiple of 4, so shards over 1, 2 or 4 ranks are exact. ``dropout`` and
-    ``attention`` are ``Block``'s (lesson 16).
+    every size a multiple of 4, so shards over 1, 2 or 4 ranks are exact.
     """
 
-    def __init__(self, vocab: int = 32, dim: int = 16, heads: int = 2, layers: int = 2, *, dropout: float = 0.0,
-                 attention: str = "sdpa"):
+    def __init__(self, vocab: int = 32, dim: int = 16, heads: int = 2, layers: int = 2):
         super().__init__()
         self.vocab = vocab
         self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads, dropout=dropout, attention=attention) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -203,3 +204,22 @@ def token_batch(step: int, world_size: int, rank: int | None = None, per_rank: i
         tokens = tokens[rank * per_rank:(rank + 1) * per_rank]
     tokens = tokens.to(device)
     return tokens[:, :-1], tokens[:, 1:].reshape(-1)
+
+
+# --------------------------------------------------------- lesson 16 (memory)
+
+
+class TinyGPT(TinyTransformer):
+    """``TinyTransformer`` with GPT-2's dropout and a choice of attention (``16_memory``).
+
+    ``dropout`` and ``attention`` are ``Block``'s. The blocks are ``TinyTransformer``'s own,
+    only switched, so the same seed gives the same weights as ``TinyTransformer``.
+    """
+
+    def __init__(self, vocab: int = 32, dim: int = 16, heads: int = 2, layers: int = 2, *, dropout: float = 0.0,
+                 attention: str = "sdpa"):
+        super().__init__(vocab, dim, heads, layers)
+        if attention not in ("sdpa", "math"):
+            raise ValueError(f"attention must be 'sdpa' or 'math', not {attention!r}")
+        for block in self.blocks:
+            block.dropout, block.attention = dropout, attention

@@ -1,6 +1,6 @@
 """``bench memory``: the memory calculator's bytes per term against bytes measured from real tensors (``16_memory``).
 
-For a ``TinyTransformer`` (default: 4 blocks, width 64, 128 tokens per sequence) it measures
+For a ``TinyGPT`` (``TinyTransformer`` with dropout; default: 4 blocks, width 64, 128 tokens per sequence) it measures
 the activations forward leaves alive for backward (``recompute.held_after_forward``) without
 checkpointing, with selective and with full checkpointing, with op-by-op attention and with
 ``scaled_dot_product_attention``, and the parameters, gradients and Adam state of DDP,
@@ -21,7 +21,7 @@ import torch
 
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.launch import spawn
-from ddp_tutorial.models import TinyTransformer, token_batch
+from ddp_tutorial.models import TinyGPT, token_batch
 from ddp_tutorial.sharding.calculator import ModelShape, bytes_per_rank
 from ddp_tutorial.sharding.fsdp import all_footprints
 from ddp_tutorial.sharding.recompute import held_after_forward, recompute_blocks, tradeoff
@@ -51,7 +51,7 @@ def activation_rows(args: argparse.Namespace) -> list[dict]:
         torch.manual_seed(0)
         # dropout 0.1 op by op; the fused kernel without dropout (with it, CPU falls back to the math path)
         dropout = 0.1 if attention == "math" else 0.0
-        model = TinyTransformer(args.vocab, args.dim, args.heads, args.layers, dropout=dropout, attention=attention)
+        model = TinyGPT(args.vocab, args.dim, args.heads, args.layers, dropout=dropout, attention=attention)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             measured = held_after_forward(recompute_blocks(model, recompute), tokens, targets=targets)
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> Result:
         ratios[f"{c['mode']} checkpointing: step time / none's"] = c["time ratio"]
     met = all(TARGET[0] <= r["ratio"] <= TARGET[1] for r in rows)
     return Result(
-        name=f"memory: predicted vs measured bytes, TinyTransformer(vocab {args.vocab}, dim {args.dim}, heads "
+        name=f"memory: predicted vs measured bytes, TinyGPT(vocab {args.vocab}, dim {args.dim}, heads "
              f"{args.heads}, layers {args.layers}), batch {args.batch} x seq {args.seq}, float32, Adam",
         columns=["configuration", "term", "predicted", "measured", "ratio"],
         rows=rows, ratios=ratios,

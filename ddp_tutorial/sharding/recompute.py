@@ -1,6 +1,6 @@
 """Activation checkpointing: keep less for backward, compute part of the forward again.
 
-``16_memory`` wraps each block of a ``TinyTransformer`` in ``Recomputed``:
+``16_memory`` wraps each block of a ``TinyGPT`` (``TinyTransformer`` with dropout) in ``Recomputed``:
 
 - ``"full"``: ``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`` keeps only
   the block's input; backward runs the block's forward again to get everything else back
@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
-from ddp_tutorial.models import TinyTransformer, token_batch
+from ddp_tutorial.models import TinyGPT, token_batch
 from ddp_tutorial.timing import timed
 
 __all__ = ["MODES", "MATMULS", "Recomputed", "recompute_blocks", "held_after_forward", "step_flops", "keep_matmuls",
@@ -61,7 +61,7 @@ class Recomputed(nn.Module):
 
 
 def recompute_blocks(model: nn.Module, mode: str) -> nn.Module:
-    """``model`` (a ``TinyTransformer``) with each of its ``blocks`` wrapped in ``Recomputed``, in place.
+    """``model`` (a ``TinyTransformer`` or ``TinyGPT``) with each of its ``blocks`` wrapped in ``Recomputed``, in place.
 
     ``"none"`` leaves it as it is. Parameter names gain ``.block`` (``blocks.0.block.qkv.weight``).
     """
@@ -123,7 +123,7 @@ def tradeoff(model_kwargs: dict, *, batch: int = 4, seq: int = 64, repeat: int =
     rows, reference = [], None
     for mode in MODES:
         torch.manual_seed(0)
-        model = recompute_blocks(TinyTransformer(**model_kwargs), mode)
+        model = recompute_blocks(TinyGPT(**model_kwargs), mode)
 
         def step() -> None:
             model.zero_grad(set_to_none=True)

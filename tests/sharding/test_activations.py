@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from ddp_tutorial.models import Block, TinyTransformer, token_batch
+from ddp_tutorial.models import Block, TinyGPT, TinyTransformer, token_batch
 from ddp_tutorial.sharding.activations import block_bytes, block_terms, by_op, saved_tensors
 from ddp_tutorial.sharding.recompute import held_after_forward, recompute_blocks, step_flops
 
@@ -76,7 +76,7 @@ def test_checkpointing_keeps_less_and_changes_no_gradient():
     grads, flops = {}, {}
     for mode in want:
         torch.manual_seed(0)
-        model = recompute_blocks(TinyTransformer(vocab, h, a, layers, dropout=0.1, attention="math"), mode)
+        model = recompute_blocks(TinyGPT(vocab, h, a, layers, dropout=0.1, attention="math"), mode)
         outside = 2 * th + 8 * b * s  # the final norm's input and statistics, the head's input
         assert held_after_forward(model, tokens) == want[mode] + outside, mode
 
@@ -91,7 +91,7 @@ def test_checkpointing_keeps_less_and_changes_no_gradient():
     for mode in ("selective", "full"):
         assert all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads[mode], grads["none"])), mode
     torch.manual_seed(0)
-    plain = TinyTransformer(vocab, h, a, layers, dropout=0.1, attention="math")
+    plain = TinyGPT(vocab, h, a, layers, dropout=0.1, attention="math")
     forward = step_flops(lambda: [blk(torch.randn(b, s, h)) for blk in plain.blocks])
     assert flops["selective"] == flops["none"]  # every matmul kept: nothing FLOP-counted is run again
     assert flops["full"] == flops["none"] + forward  # each block's forward once more
@@ -101,7 +101,7 @@ def test_block_keywords_keep_the_default_model():
     torch.manual_seed(0)
     old = TinyTransformer()
     torch.manual_seed(0)
-    new = TinyTransformer(dropout=0.0, attention="math")
+    new = TinyGPT(dropout=0.0, attention="math")
     tokens, _ = token_batch(0, 1)
     assert torch.allclose(old(tokens), new(tokens), atol=1e-5)
     with pytest.raises(ValueError, match="sdpa"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ddp_tutorial.launch import spawn
-from ddp_tutorial.models import TinyTransformer, token_batch
+from ddp_tutorial.models import TinyGPT, TinyTransformer, token_batch
 from ddp_tutorial.sharding.calculator import PRESETS, ModelShape, bytes_per_rank, main, num_params
 from ddp_tutorial.sharding.fsdp import all_footprints
 from ddp_tutorial.sharding.precision import MasterWeights, breaking_points, scaled_gradients, train_losses
@@ -32,7 +32,7 @@ def test_activations_equal_the_bytes_forward_leaves_alive(vocab, batch, seq, hid
             if attention == "sdpa" and recompute == "selective":
                 continue  # the fused kernel is not a matmul to the policy: recomputed whole
             torch.manual_seed(0)
-            model = TinyTransformer(vocab, hidden, heads, layers, dropout=dropout, attention=attention)
+            model = TinyGPT(vocab, hidden, heads, layers, dropout=dropout, attention=attention)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 got = held_after_forward(recompute_blocks(model, recompute), tokens, targets=targets)
