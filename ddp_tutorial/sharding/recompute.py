@@ -23,10 +23,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-# Neither has a public path: TorchDispatchMode is the one torch's "Extending PyTorch" notes teach, and
-# StorageWeakRef is what torch's own multiprocessing and compiler code use to watch a storage die.
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.multiprocessing.reductions import StorageWeakRef  # no public path; torch's own code watches storages so
+from torch.utils._python_dispatch import TorchDispatchMode  # no public path; the one "Extending PyTorch" teaches
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
