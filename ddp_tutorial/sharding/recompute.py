@@ -18,6 +18,7 @@ what the graph holds for backward. Without checkpointing it equals ``activations
 from __future__ import annotations
 
 import functools
+import gc
 import warnings
 from collections.abc import Callable
 
@@ -99,6 +100,7 @@ def held_after_forward(model: nn.Module, *inputs: torch.Tensor, targets: torch.T
         out = model(*inputs)
         if targets is not None:
             out = nn.functional.cross_entropy(out, targets)
+    gc.collect()  # garbage kept only by a reference cycle is not kept for backward: free it first
     keep = {p.untyped_storage().data_ptr() for p in model.parameters()}
     keep |= {t.untyped_storage().data_ptr() for t in (out, *inputs)}
     held = sum(n for ptr, (ref, n) in mode.refs.items() if ptr not in keep and not ref.expired())
