@@ -131,20 +131,43 @@ def build_model(name: str, in_channels: int, num_classes: int) -> nn.Module:
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block: causal self-attention, then an MLP, each with a residual."""
+    """A pre-norm transformer block: causal self-attention, then an MLP, each with a residual.
 
-    def __init__(self, dim: int, heads: int):
+    ``dropout`` (lesson 16) drops attention probabilities and each branch's output, as GPT-2
+    does; 0 (the default) draws no random numbers. ``attention="math"`` computes
+    ``softmax(q kᵀ / √d) v`` op by op, so autograd keeps the (seq × seq) matrices that
+    ``16_memory`` counts; ``"sdpa"`` (the default) calls ``scaled_dot_product_attention``.
+    """
+
+    def __init__(self, dim: int, heads: int, *, dropout: float = 0.0, attention: str = "sdpa"):
         super().__init__()
-        self.heads = heads
+        if attention not in ("sdpa", "math"):
+            raise ValueError(f"attention must be 'sdpa' or 'math', not {attention!r}")
+        self.heads, self.dropout, self.attention = heads, dropout, attention
         self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.norm2, self.up, self.down = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of (batch, heads, seq, head_dim) tensors, with dropout on the probabilities."""
+        p = self.dropout if self.training else 0.0
+        if self.attention == "sdpa":
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        t = q.shape[-2]
+        # an additive mask: adding saves nothing for backward, masked_fill would keep a mask
+        future = torch.full((t, t), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+        scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5 + future
+        probs = scores.softmax(-1)
+        return (nn.functional.dropout(probs, p, self.training) if p else probs) @ v
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def drop(y: torch.Tensor) -> torch.Tensor:  # at p = 0 not even called: today's graph, exactly
+            return nn.functional.dropout(y, self.dropout, self.training) if self.dropout else y
+
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attended.transpose(1, 2).reshape(b, t, d))
-        return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+        attended = self.attend(q, k, v)
+        x = x + drop(self.proj(attended.transpose(1, 2).reshape(b, t, d)))
+        return x + drop(self.down(nn.functional.gelu(self.up(self.norm2(x)))))
 
 
 class TinyTransformer(nn.Module):
@@ -181,6 +204,25 @@ def token_batch(step: int, world_size: int, rank: int | None = None, per_rank: i
         tokens = tokens[rank * per_rank:(rank + 1) * per_rank]
     tokens = tokens.to(device)
     return tokens[:, :-1], tokens[:, 1:].reshape(-1)
+
+
+# --------------------------------------------------------- lesson 16 (memory)
+
+
+class TinyGPT(TinyTransformer):
+    """``TinyTransformer`` with GPT-2's dropout and a choice of attention (``16_memory``).
+
+    ``dropout`` and ``attention`` are ``Block``'s. The blocks are ``TinyTransformer``'s own,
+    only switched, so the same seed gives the same weights as ``TinyTransformer``.
+    """
+
+    def __init__(self, vocab: int = 32, dim: int = 16, heads: int = 2, layers: int = 2, *, dropout: float = 0.0,
+                 attention: str = "sdpa"):
+        super().__init__(vocab, dim, heads, layers)
+        if attention not in ("sdpa", "math"):
+            raise ValueError(f"attention must be 'sdpa' or 'math', not {attention!r}")
+        for block in self.blocks:
+            block.dropout, block.attention = dropout, attention
 
 
 # --------------------------------------------------------- lesson 21 (capstone)
