@@ -67,10 +67,17 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
     "15_cluster": (python("cluster.jobs", "list", comment="the Slurm job scripts and what each does"),
                    python("cluster.jobs", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
                    Command("cluster.elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
+    "16_memory": (python("sharding.calculator", "--model llama-8b --dp 8 --zero 1 --recompute full",
+                         comment="bytes per rank for Llama 3 8B"),
+                  python("bench", "memory", comment="the calculator against measured bytes, and recompute's cost")),
     "20_expert_parallel": (Command("expert_parallel.dispatch", nproc=4, comment="4 experts over 4 ranks = one process"),
                            Command("expert_parallel.ep_dp", nproc=4, comment="experts over 2 ranks x 2 copies, the rest data-parallel"),
                            python("expert_parallel.routing", comment="capacity and the balancing loss, in one process"),
                            python("bench", "experts", comment="dispatch + combine against the experts' compute")),
+    "21_capstone": (python("capstone.reference", comment="the one-process run every layout must equal: loss curve"),
+                    python("capstone.layout", "--dp 2 --tp 2 --pp 2", comment="each rank's coordinates and groups"),
+                    Command("capstone.composed", "--dp 2 --tp 2 --pp 2", nproc=8,
+                            comment="dp x tp x pp on 8 ranks, checked against one process")),
 }
 
 
