@@ -181,3 +181,32 @@ def token_batch(step: int, world_size: int, rank: int | None = None, per_rank: i
         tokens = tokens[rank * per_rank:(rank + 1) * per_rank]
     tokens = tokens.to(device)
     return tokens[:, :-1], tokens[:, 1:].reshape(-1)
+
+
+# --------------------------------------------------------- lesson 17 (ZeRO-3 from scratch)
+
+
+class EinsumLinear(nn.Module):
+    """A linear layer written by hand: its forward reads ``self.weight`` through ``einsum``, no ``nn.Linear``."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(out_features, in_features) / in_features ** 0.5)
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("...i,oi->...o", x, self.weight) + self.bias
+
+
+class LookupMLP(nn.Module):
+    """A table indexed by hand (``self.weight[tokens]``, an embedding without ``nn.Embedding``), then two
+    ``EinsumLinear``: a model whose sharded weights ``Zero3`` must gather without knowing their layers.
+    The 5-row table and 7 outputs are no multiple of 2 or 4 on purpose: the shards need padding."""
+
+    def __init__(self, vocab: int = 5, dim: int = 6, out_features: int = 7):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab, dim))
+        self.hidden, self.out = EinsumLinear(dim, 2 * dim), EinsumLinear(2 * dim, out_features)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(self.weight[tokens])))
