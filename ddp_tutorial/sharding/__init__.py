@@ -1,4 +1,4 @@
-"""Part 6, sharding (lesson 13): every rank keeps 1/N of the training state.
+"""Part 6, sharding (lessons 13, 17): every rank keeps 1/N of the training state.
 
 The modules, in lesson order:
 - ``memory`` (13): bytes per rank, the ZeRO paper's formulas against what a rank really holds
@@ -6,4 +6,9 @@ The modules, in lesson order:
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.sharding.zero``
 - ``fsdp`` (13): FSDP2's ``fully_shard``, parameters sharded too;
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp``
+- ``zero3`` (17): ZeRO-3 from scratch, the parameters sharded and gathered one unit at a time
+- ``zero3_train`` (17): ``zero3`` trained against one process (float32 bitwise, bfloat16 within a tolerance);
+  ``torchrun --nproc-per-node=2 -m ddp_tutorial.sharding.zero3_train``
+- ``sharded_checkpoint`` (17): DCP checkpoints saved on N ranks, loaded on M;
+  ``torchrun --nproc-per-node=4 -m ddp_tutorial.sharding.sharded_checkpoint``
 """

@@ -1,4 +1,4 @@
-"""ZeRO-3 from scratch (sharding.zero3): one process's weights, padded shards, one all-gather per unit per pass."""
+"""ZeRO-3 from scratch (``ddp_tutorial.sharding.zero3``, ``ddp_tutorial.sharding.zero3_train``): one process's weights, padded shards, one all-gather per unit per pass."""
 
 from __future__ import annotations
 
