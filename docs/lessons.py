@@ -68,6 +68,7 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                    python("cluster.jobs", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
                    Command("cluster.elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
     "17_zero3_and_checkpoints": (Command("sharding.zero3_train", comment="ZeRO-3 from scratch against one process"),
+                                 Command("sharding.fsdp_practice", comment="meta init, bf16 policy, accumulation"),
                                  Command("sharding.sharded_checkpoint", nproc=4, comment="DCP save and load")),
 }
 

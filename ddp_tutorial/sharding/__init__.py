@@ -9,6 +9,8 @@ The modules, in lesson order:
 - ``zero3`` (17): ZeRO-3 from scratch, the parameters sharded and gathered one unit at a time
 - ``zero3_train`` (17): ``zero3`` trained against one process (float32 bitwise, bfloat16 within a tolerance);
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.sharding.zero3_train``
+- ``fsdp_practice`` (17): FSDP2 as used in practice: meta-device init, ``MixedPrecisionPolicy``, accumulation;
+  ``torchrun --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp_practice``
 - ``sharded_checkpoint`` (17): DCP checkpoints saved on N ranks, loaded on M;
   ``torchrun --nproc-per-node=4 -m ddp_tutorial.sharding.sharded_checkpoint``
 """

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.models import LookupMLP
-from ddp_tutorial.sharding import fsdp, zero, zero3, zero3_train
+from ddp_tutorial.sharding import fsdp, fsdp_practice, zero, zero3, zero3_train
 from ddp_tutorial.sharding.fsdp import FORCE_SUM_AVAILABLE
 
 
@@ -60,3 +60,12 @@ def zero3_checks(rank: int, world_size: int, cases: tuple) -> dict:
     return {"train": zero3_train.side_by_side(rank, world_size, cases), "grad gaps": gaps, "grad kinds": kinds,
             "full equal": all(torch.equal(full[n], p) for n, p in reference.named_parameters()),
             "names": list(full) == [n for n, _ in reference.named_parameters()]}
+
+
+def practice_checks(rank: int, world_size: int) -> dict:
+    """FSDP2 in practice: meta-device init, bf16 MixedPrecisionPolicy against Zero3, accumulation without
+    sync, and every ``reshard_after_forward`` this world size allows (an int needs 4 ranks: groups of 2)."""
+    settings = (True, False) + ((2,) if world_size == 4 else ())
+    return {"meta": fsdp_practice.meta_init(rank, world_size), "versus": fsdp_practice.versus_zero3(rank, world_size),
+            "accumulate": fsdp_practice.accumulate(rank, world_size),
+            "reshard": fsdp_practice.reshard_settings(rank, world_size, settings)}
