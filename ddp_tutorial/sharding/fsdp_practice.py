@@ -36,7 +36,7 @@ from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.zero3 import Zero3
 from ddp_tutorial.sharding.zero3_train import mixed_precision_step
 
-__all__ = ["build_on_meta", "meta_init", "versus_zero3", "accumulate", "reshard_settings"]
+__all__ = ["build_on_meta", "meta_init", "versus_zero3", "accumulate", "reshard_settings", "practice_report"]
 
 
 def build_on_meta(reference: dict[str, torch.Tensor] | None, *, mp_policy: MixedPrecisionPolicy | None = None,
@@ -148,13 +148,17 @@ def reshard_settings(rank: int, world_size: int, settings: tuple = (True, False)
     return gaps
 
 
+def practice_report(rank: int, world_size: int, settings: tuple = (True, False)) -> dict:
+    """Every check above in one launch: ``meta``, ``versus``, ``accumulate`` and ``reshard`` (over ``settings``)."""
+    return {"meta": meta_init(rank, world_size), "versus": versus_zero3(rank, world_size),
+            "accumulate": accumulate(rank, world_size), "reshard": reshard_settings(rank, world_size, settings)}
+
+
 def main() -> None:
     with distributed() as (info, _):
         n = info.world_size
-        meta = meta_init(info.rank, n)
-        versus = versus_zero3(info.rank, n)
-        accumulated = accumulate(info.rank, n)
-        reshard = reshard_settings(info.rank, n, (True, False) + ((2,) if n == 4 else ()))
+        report = practice_report(info.rank, n, (True, False) + ((2,) if n == 4 else ()))
+        meta, versus, accumulated, reshard = (report[k] for k in ("meta", "versus", "accumulate", "reshard"))
         ok = (meta["equal"] and versus["FSDP2 vs Zero3"] <= 1e-3 and accumulated["accumulated"] <= 1e-6
               and all(g <= 1e-6 for g in reshard.values()))
         if info.is_main:

@@ -81,10 +81,12 @@ class Zero3(nn.Module):
         self.prefetched: dict[nn.Module, tuple] = {}
         self.pending: list[tuple] = []  # (handle, buffer, [(master, offset)], rows) of gradient reductions
         self.gathered_bytes = self.peak_gathered_bytes = 0
-        self.gathers = 0  # all-gathers issued (the lesson's timeline and the tests count them)
+        self.gathers = 0  # all-gathers issued (the tests count them)
+        self.names = {unit: name or "(root)" for name, unit in module.named_modules() if unit in self.params}
+        self.timeline: list[tuple[str, str, str]] = []  # (phase, event, unit) of the last step, in order
 
     def forward(self, *args, **kwargs):
-        self.backward_phase = False
+        self.backward_phase, self.timeline = False, []
         out = self.module(*args, **kwargs)
         self.recording, self.backward_phase = False, True
         return out
@@ -104,6 +106,7 @@ class Zero3(nn.Module):
         local = torch.cat(shards)
         out = torch.empty(local.numel() * self.world_size, dtype=local.dtype, device=local.device)
         self.gathers += 1
+        self.log("all-gather issued", unit)
         return all_gather_single(out.view(WIRE), local.view(WIRE), group=self.group, async_op=True), out
 
     def next_unit(self, unit: nn.Module) -> nn.Module | None:
@@ -119,6 +122,7 @@ class Zero3(nn.Module):
             self.prefetched[following] = self.issue_gather(following)  # in flight while `unit` computes
         if handle is not None:
             handle.wait()
+        self.log("computes", unit)
         full, offset = self.full.setdefault(unit, {}), 0
         for name, p in self.params[unit]:
             shape = self.shapes[p]
@@ -137,6 +141,9 @@ class Zero3(nn.Module):
                 offset += p.numel()
             else:
                 full[name].data.copy_(p.detach())  # replicated: only the cast
+
+    def log(self, event: str, unit: nn.Module) -> None:
+        self.timeline.append(("backward" if self.backward_phase else "forward", event, self.names[unit]))
 
     def free(self, unit: nn.Module, full: dict[str, nn.Parameter]) -> None:
         """Give back the full weights' bytes; autograd's saved references keep the (empty) storage."""
@@ -186,6 +193,7 @@ class Zero3(nn.Module):
                               .view(n, -1) for name, p in sharded], dim=1)
             out = rows.new_empty(rows.shape[1])
             handle = reduce_scatter_single(out, rows.reshape(-1), group=self.group, async_op=True)
+            self.log("reduce-scatter issued", unit)
             self.pending.append((handle, out, [p for _, p in sharded]))
         if replicated:
             flat = torch.cat([grad(name, p).reshape(-1) for name, p in replicated])

@@ -24,7 +24,7 @@ from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.zero3 import Zero3
 
-__all__ = ["mixed_precision_step", "train_vs_one_process", "side_by_side", "unit_bytes", "peak_formula", "largest_gap",
+__all__ = ["mixed_precision_step", "train_vs_one_process", "side_by_side", "timeline", "unit_bytes", "peak_formula", "largest_gap",
            "TOLERANCES", "passed"]
 
 # Largest parameter difference from one process on the global batch after 3 SGD steps (lr 0.1),
@@ -93,6 +93,18 @@ def side_by_side(rank: int, world_size: int, cases: tuple = ((None, "Adam"), (to
     lrs = {"Adam": 1e-2, "SGD": 0.1}
     return {(dtype, name): train_vs_one_process(rank, world_size, dtype, optimizer=getattr(torch.optim, name),
                                                 lr=lrs[name]) for dtype, name in cases}
+
+
+def timeline(rank: int, world_size: int, num_steps: int = 2) -> list[tuple[str, str, str]]:
+    """``Zero3.timeline`` of the last of ``num_steps`` steps (the first records the order, so it cannot
+    prefetch): ``(phase, event, unit)`` in the order they happened."""
+    torch.manual_seed(0)
+    model = Zero3(TinyTransformer().to(rank_device()))
+    for step in range(num_steps):
+        tokens, targets = token_batch(step, world_size, rank, device=rank_device())
+        nn.functional.cross_entropy(model(tokens), targets).backward()
+        model.finish_gradient_synchronization()
+    return model.timeline
 
 
 def unit_bytes(model: nn.Module, compute_dtype: torch.dtype | None = None) -> list[int]:

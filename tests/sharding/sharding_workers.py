@@ -63,9 +63,6 @@ def zero3_checks(rank: int, world_size: int, cases: tuple) -> dict:
 
 
 def practice_checks(rank: int, world_size: int) -> dict:
-    """FSDP2 in practice: meta-device init, bf16 MixedPrecisionPolicy against Zero3, accumulation without
-    sync, and every ``reshard_after_forward`` this world size allows (an int needs 4 ranks: groups of 2)."""
-    settings = (True, False) + ((2,) if world_size == 4 else ())
-    return {"meta": fsdp_practice.meta_init(rank, world_size), "versus": fsdp_practice.versus_zero3(rank, world_size),
-            "accumulate": fsdp_practice.accumulate(rank, world_size),
-            "reshard": fsdp_practice.reshard_settings(rank, world_size, settings)}
+    """FSDP2 in practice (``fsdp_practice.practice_report``) with every ``reshard_after_forward`` this world
+    size allows (an int needs 4 ranks: groups of 2)."""
+    return fsdp_practice.practice_report(rank, world_size, (True, False) + ((2,) if world_size == 4 else ()))
