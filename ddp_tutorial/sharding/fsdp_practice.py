@@ -33,19 +33,21 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.models import TinyTransformer, token_batch
+from ddp_tutorial.sharding.memory import held
 from ddp_tutorial.sharding.zero3 import Zero3
 from ddp_tutorial.sharding.zero3_train import mixed_precision_step
+from ddp_tutorial.timing import take_turns
 
-__all__ = ["build_on_meta", "meta_init", "versus_zero3", "accumulate", "reshard_settings", "practice_report"]
+__all__ = ["build_on_meta", "meta_init", "versus_zero3", "accumulate", "reshard_settings", "practice_report", "costs"]
 
 
 def build_on_meta(reference: dict[str, torch.Tensor] | None, *, mp_policy: MixedPrecisionPolicy | None = None,
-                  reshard_after_forward: bool | int = True) -> TinyTransformer:
+                  reshard_after_forward: bool | int = True, model_kwargs: dict | None = None) -> TinyTransformer:
     """A ``TinyTransformer`` created on the meta device, ``fully_shard`` per block and at the root,
     allocated shard by shard, then filled from ``reference`` (a full state dict on rank 0, ignored on
     the others: rank 0 broadcasts it)."""
     with torch.device("meta"):
-        model = TinyTransformer()  # shapes only: no rank allocates the whole model
+        model = TinyTransformer(**(model_kwargs or {}))  # shapes only: no rank allocates the whole model
     mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
     kwargs = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
     for block in model.blocks:
@@ -152,6 +154,40 @@ def practice_report(rank: int, world_size: int, settings: tuple = (True, False))
     """Every check above in one launch: ``meta``, ``versus``, ``accumulate`` and ``reshard`` (over ``settings``)."""
     return {"meta": meta_init(rank, world_size), "versus": versus_zero3(rank, world_size),
             "accumulate": accumulate(rank, world_size), "reshard": reshard_settings(rank, world_size, settings)}
+
+
+def costs(rank: int, world_size: int, model_kwargs: dict | None = None, timing: bool = False) -> dict:
+    """For ``bench sharding``: bytes this rank holds after one float32 Adam step with ``Zero3``
+    (``"ZeRO-3"``, and ``"ZeRO-3 peak"``: plus the most it gathered at once, with as many bytes of
+    full gradients) and with FSDP2 under the bf16 policy (``"FSDP2 bf16"``); with ``timing``, the
+    median step seconds of ``Zero3`` and of ``fully_shard`` (float32, the same model), taking turns."""
+    device, kwargs = rank_device(), model_kwargs or {}
+    torch.manual_seed(0)
+    reference = TinyTransformer(**kwargs).to(device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    models = {"ZeRO-3": Zero3(copy.deepcopy(reference)),
+              "FSDP2 bf16": build_on_meta(reference.state_dict() if rank == 0 else None, mp_policy=policy,
+                                          model_kwargs=kwargs),
+              "FSDP2": build_on_meta(reference.state_dict() if rank == 0 else None, model_kwargs=kwargs)}
+    optimizers = {k: torch.optim.Adam(m.parameters(), lr=1e-2) for k, m in models.items()}
+
+    def step(name: str) -> None:
+        tokens, targets = token_batch(0, world_size, rank, vocab=reference.vocab, device=device)
+        optimizers[name].zero_grad()
+        nn.functional.cross_entropy(models[name](tokens).float(), targets).backward()
+        if isinstance(models[name], Zero3):
+            models[name].finish_gradient_synchronization()
+        optimizers[name].step()
+
+    for name in models:
+        step(name)
+    result = {k: held(models[k].parameters(), optimizers[k]) for k in ("ZeRO-3", "FSDP2 bf16")}
+    result["ZeRO-3 peak"] = result["ZeRO-3"].total + 2 * models["ZeRO-3"].peak_gathered_bytes
+    if timing:
+        times = take_turns({k: (lambda k=k: step(k)) for k in ("ZeRO-3", "FSDP2")}, steps=3, repeat=3, device=device)
+        result["seconds"] = {k: v["median"] for k, v in times.items()}
+    dist.barrier()
+    return result
 
 
 def main() -> None:
