@@ -69,7 +69,9 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                    Command("cluster.elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
     "17_zero3_and_checkpoints": (Command("sharding.zero3_train", comment="ZeRO-3 from scratch against one process"),
                                  Command("sharding.fsdp_practice", comment="meta init, bf16 policy, accumulation"),
-                                 Command("sharding.sharded_checkpoint", nproc=4, comment="DCP save and load")),
+                                 Command("sharding.sharded_checkpoint", nproc=4, comment="DCP save and load"),
+                                 Command("sharding.sharded_resume", "--checkpoint-dir ckpt17 --steps 6 --async-save",
+                                         comment="a DCP checkpoint each step; add --fail-at-step 3 and --max-restarts=1")),
 }
 
 

@@ -13,4 +13,6 @@ The modules, in lesson order:
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp_practice``
 - ``sharded_checkpoint`` (17): DCP checkpoints saved on N ranks, loaded on M;
   ``torchrun --nproc-per-node=4 -m ddp_tutorial.sharding.sharded_checkpoint``
+- ``sharded_resume`` (17): a ``Stateful`` training state, ``dcp.async_save``, crash and resume to identical weights;
+  ``torchrun --nproc-per-node=2 --max-restarts=1 -m ddp_tutorial.sharding.sharded_resume --checkpoint-dir ckpt --fail-at-step 3``
 """
