@@ -79,7 +79,7 @@ class Zero3(nn.Module):
         self.full: dict[nn.Module, dict[str, nn.Parameter]] = {}  # unit -> name -> its full weight now
         self.waiting: dict[nn.Module, int] = {}  # unit -> full weights whose gradient has not arrived
         self.prefetched: dict[nn.Module, tuple] = {}
-        self.pending: list[tuple] = []  # (handle, buffer, [(master, offset)], rows) of gradient reductions
+        self.pending: list[tuple] = []  # (handle, reduced buffer, master parameters in it) per reduction
         self.gathered_bytes = self.peak_gathered_bytes = 0
         self.gathers = 0  # all-gathers issued (the tests count them)
         self.names = {unit: name or "(root)" for name, unit in module.named_modules() if unit in self.params}
@@ -130,7 +130,8 @@ class Zero3(nn.Module):
                 full[name] = nn.Parameter(torch.empty(shape, dtype=self.dtype or p.dtype, device=p.device))
                 full[name].register_post_accumulate_grad_hook(lambda _, unit=unit: self.grad_ready(unit))
                 self.waiting[unit] = self.waiting.get(unit, 0) + 1
-                self.count(full[name], +1) if len(shape) >= 2 else None
+                if len(shape) >= 2:  # replicated copies are not gathered: not counted
+                    self.count(full[name], +1)
             elif full[name].untyped_storage().size() == 0:  # freed after forward: bring the bytes back
                 full[name].untyped_storage().resize_(full[name].numel() * full[name].element_size())
                 self.count(full[name], +1)
