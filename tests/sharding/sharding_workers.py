@@ -7,6 +7,7 @@ import copy
 import torch
 import torch.distributed as dist
 
+from ddp_tutorial.env import rank_device
 from ddp_tutorial.models import LookupMLP
 from ddp_tutorial.sharding import fsdp, fsdp_practice, zero, zero3, zero3_train
 from ddp_tutorial.sharding.fsdp import FORCE_SUM_AVAILABLE
@@ -40,11 +41,12 @@ def zero3_checks(rank: int, world_size: int, cases: tuple) -> dict:
     (``LookupMLP``): names kept, every ``.grad`` float32 and shaped as ``.data``, and equal to this
     rank's padded slice of one process's gradient on the global batch (mean of the per-rank losses)."""
     torch.manual_seed(0)
-    reference = LookupMLP()
+    device = rank_device()  # where the backend's collectives run (cuda with NCCL)
+    reference = LookupMLP().to(device)
     model = zero3.Zero3(copy.deepcopy(reference), torch.bfloat16 if world_size == 4 else None)
-    tokens = torch.arange(4 * world_size).remainder(5).view(world_size, 4)
-    targets = torch.arange(4 * world_size).remainder(7).view(world_size, 4)
-    loss = torch.nn.functional.cross_entropy(model(tokens[rank]).float().flatten(0, 0), targets[rank])
+    tokens = torch.arange(4 * world_size, device=device).remainder(5).view(world_size, 4)
+    targets = torch.arange(4 * world_size, device=device).remainder(7).view(world_size, 4)
+    loss = torch.nn.functional.cross_entropy(model(tokens[rank]).float(), targets[rank])
     loss.backward()
     model.finish_gradient_synchronization()
     sum(torch.nn.functional.cross_entropy(reference(tokens[r]), targets[r]) for r in range(world_size)).backward()
