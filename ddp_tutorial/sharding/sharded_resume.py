@@ -13,8 +13,7 @@ model, the optimizer and the step travel together.
   (a temporary file renamed over it), so a crash in the middle of a save leaves the previous one;
 - on restart (torchrun ``--max-restarts``) every rank reads ``latest`` and loads that folder.
 
-    torchrun --nproc-per-node=2 --max-restarts=1 -m ddp_tutorial.sharding.sharded_resume \\
-        --checkpoint-dir ckpt --steps 6 --fail-at-step 3 [--async-save]
+    torchrun --nproc-per-node=2 --max-restarts=1 -m ddp_tutorial.sharding.sharded_resume --checkpoint-dir ckpt --fail-at-step 3
 """
 
 from __future__ import annotations
