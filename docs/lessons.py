@@ -78,6 +78,11 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                     python("capstone.layout", "--dp 2 --tp 2 --pp 2", comment="each rank's coordinates and groups"),
                     Command("capstone.composed", "--dp 2 --tp 2 --pp 2", nproc=8,
                             comment="dp x tp x pp on 8 ranks, checked against one process")),
+    "17_zero3_and_checkpoints": (Command("sharding.zero3_train", comment="ZeRO-3 from scratch against one process"),
+                                 Command("sharding.fsdp_practice", comment="meta init, bf16 policy, accumulation"),
+                                 Command("sharding.sharded_checkpoint", nproc=4, comment="DCP save and load"),
+                                 Command("sharding.sharded_resume", "--checkpoint-dir ckpt17 --steps 6 --async-save",
+                                         comment="a DCP checkpoint each step; add --fail-at-step 3 and --max-restarts=1")),
 }
 
 

@@ -8,6 +8,11 @@ ratio to DDP's. FSDP2's ``peak`` adds what is gathered at the worst moment of a 
 root and one block, their full parameters and gradients (activations aside). This measures
 memory, not time: on gloo a reduce-scatter is an all-reduce of the whole buffer.
 
+Lesson 17 adds ``ZeRO-3 (ours)`` (``sharding.zero3``: steady, and peak with the most it gathered
+at once plus as many bytes of full gradients), FSDP2 under ``MixedPrecisionPolicy(bf16, fp32)``
+(the same float32 shards; the bf16 copies exist only while gathered), and the step time of
+``Zero3`` against ``fully_shard``'s on 4 ranks (float32, taking turns).
+
     python -m ddp_tutorial.bench sharding [--world-sizes 1 2 4] [--layers 8] [--plot sharding.png]
 """
 
@@ -20,13 +25,15 @@ from ddp_tutorial.bench.common import Result
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.models import TinyTransformer
 from ddp_tutorial.sharding.fsdp import all_footprints
-from ddp_tutorial.sharding.memory import STRATEGIES, table_rows
+from ddp_tutorial.sharding.fsdp_practice import costs
+from ddp_tutorial.sharding.memory import STRATEGIES, formula, table_rows
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.axes import Axes
 
 HELP = "bytes per rank (params, grads, optimizer state) of DDP, ZeRO-1, ZeRO-2, FSDP2 at 1, 2, 4 ranks"
-TARGETS = {"ZeRO-1 optimizer state / DDP's, 2 ranks": 0.6, "FSDP2 steady total / DDP's, 4 ranks": 0.3}
+TARGETS = {"ZeRO-1 optimizer state / DDP's, 2 ranks": 0.6, "FSDP2 steady total / DDP's, 4 ranks": 0.3,
+           "ZeRO-3 (ours) steady total / DDP's, 4 ranks": 0.3, "ZeRO-3 (ours) step time / fully_shard's, 4 ranks": 1.5}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +50,9 @@ def run(args: argparse.Namespace) -> Result:
     measured = {n: spawn(all_footprints, n, args=(model_kwargs,), timeout=300, quiet=True)
                 for n in sorted(set(args.world_sizes) | {2, 4})}
     rows = table_rows(measured, num_params, STRATEGIES + ("ZeRO-1 (torch)",))
+    # lesson 17: ZeRO-3 from scratch (Zero3) and FSDP2 with the bf16 policy; step times on 4 ranks
+    ours = {n: spawn(costs, n, args=(model_kwargs, n == 4), timeout=300, quiet=True) for n in measured}
+    rows += zero3_rows(ours, rows, num_params)
     for row in rows:
         if row["strategy"] == "FSDP2":
             row["peak"] = max(r["peak"] for r in measured[row["ranks"]])
@@ -52,7 +62,12 @@ def run(args: argparse.Namespace) -> Result:
     def pick(n: int, strategy: str) -> dict:
         return next(r for r in rows if r["ranks"] == n and r["strategy"] == strategy)
 
+    seconds = ours[4][0]["seconds"]
     ratios = {"ZeRO-1 optimizer state / DDP's, 2 ranks": pick(2, "ZeRO-1")["optim"] / pick(2, "DDP")["optim"],
+              "ZeRO-3 (ours) steady total / DDP's, 4 ranks": pick(4, "ZeRO-3 (ours)")["vs DDP"],
+              "ZeRO-3 (ours) peak / DDP's, 4 ranks": pick(4, "ZeRO-3 (ours)")["peak vs DDP"],
+              "FSDP2 bf16 policy steady total / DDP's, 4 ranks": pick(4, "FSDP2 bf16")["vs DDP"],
+              "ZeRO-3 (ours) step time / fully_shard's, 4 ranks": seconds["ZeRO-3"] / seconds["FSDP2"],
               "FSDP2 steady total / DDP's, 4 ranks": pick(4, "FSDP2")["vs DDP"],
               "FSDP2 peak (+ root and one block gathered) / DDP's, 4 ranks": pick(4, "FSDP2")["peak vs DDP"]}
     met = all(ratios[k] <= t for k, t in TARGETS.items())
@@ -67,6 +82,22 @@ def run(args: argparse.Namespace) -> Result:
                "bytes of the rank holding the most; formula: 16 bytes per parameter, sharded as each strategy shards",
                "ZeRO-1 (torch) is ZeroRedundancyOptimizer: whole parameters per rank, so it can exceed the formula"],
     )
+
+
+def zero3_rows(ours: dict[int, list[dict]], rows: list[dict], num_params: int) -> list[dict]:
+    """Rows for ``Zero3`` (steady and peak) and FSDP2 under the bf16 policy, the rank holding the most."""
+    out = []
+    for n, ranks in ours.items():
+        ddp = next(r["total"] for r in rows if r["ranks"] == n and r["strategy"] == "DDP")
+        for name, key in (("ZeRO-3 (ours)", "ZeRO-3"), ("FSDP2 bf16", "FSDP2 bf16")):
+            got = max((r[key] for r in ranks), key=lambda f: f.total)
+            row = {"ranks": n, "strategy": name, **got.as_dict(), "formula": formula("FSDP2", num_params, n).total,
+                   "vs DDP": got.total / ddp}
+            if key == "ZeRO-3":
+                row["peak"] = max(r["ZeRO-3 peak"] for r in ranks)
+                row["peak vs DDP"] = row["peak"] / ddp
+            out.append(row)
+    return out
 
 
 def plot(result: Result, ax: Axes) -> None:
