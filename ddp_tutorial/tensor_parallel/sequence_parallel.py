@@ -33,7 +33,7 @@ from ddp_tutorial.models import LlamaBlock
 from ddp_tutorial.tensor_parallel.split_mlp import f, g, shard_range
 
 __all__ = ["GatherSequence", "ScatterSequence", "gather_sequence", "scatter_sequence", "TensorParallelBlock",
-           "sync_norm_grads", "make_block", "block_input", "one_process_block", "block_worker", "main"]
+           "sync_norm_grads", "make_block", "activation_bytes", "block_input", "one_process_block", "block_worker", "main"]
 
 SEQ_DIM = 1  # activations are (batch, seq, dim)
 
@@ -178,6 +178,40 @@ def block_worker(rank: int, world_size: int, sequence_parallel: bool = False, se
     counts = {str(op).split(".")[-1]: k for op, k in comms.get_comm_counts().items()}
     return {"rank": rank, "out": out.detach().cpu(), "input_grad": x.grad.cpu(), "collectives": counts,
             "grads": {n: p.grad.cpu() for n, p in block.named_parameters()}}
+
+
+def activation_bytes(rank: int, world_size: int, sequence_parallel: bool = False, seq: int = 16) -> dict[str, int]:
+    """The bytes this rank keeps for backward in one forward of the block (dropout 0.1), by region.
+
+    Counted with ``saved_tensors_hooks`` (each storage once): ``"norm/dropout"`` while a norm or a
+    dropout runs, ``"tensor parallel"`` elsewhere (the split linears and the attention).
+    """
+    block = TensorParallelBlock(make_block(dropout=0.1).to(rank_device()), sequence_parallel=sequence_parallel)
+    x, _ = block_input(seq=seq)
+    if sequence_parallel:
+        x = x[:, shard_range(seq, rank, world_size)].clone()  # a rank holds only its positions
+    region, total = ["tensor parallel"], {"norm/dropout": 0, "tensor parallel": 0}
+    seen = {p.untyped_storage().data_ptr() for p in block.parameters()}  # weights are no activations
+
+    def enter(*_: object) -> None:
+        region.append("norm/dropout")
+
+    def leave(*_: object) -> None:
+        region.pop()
+
+    for module in (block.attention_norm, block.ffn_norm, block.attention_dropout, block.ffn_dropout):
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in seen and t.numel() > 1:  # a scalar is no activation
+            seen.add(t.untyped_storage().data_ptr())
+            total[region[-1]] += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x.to(rank_device()).requires_grad_())
+    return total
 
 
 def expected_piece(name: str, full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
