@@ -114,7 +114,7 @@ def test_every_medium_exercise_from_lesson_06_on_has_two_mistakes_or_more():
 
 
 def test_every_lesson_from_02_on_has_an_exercise_and_15_in_all():
-    assert {e.lesson for e in EXERCISES.values()} == set(range(2, 15))
+    assert {e.lesson for e in EXERCISES.values()} >= set(range(2, 15))  # and the ladder's lessons after 15
     assert len(EXERCISES) >= 15
     for e in EXERCISES.values():  # numbered by lesson: 2.1, 2.2, ..., 14.1
         assert e.number.split(".")[0] == str(e.lesson), e.name
@@ -175,7 +175,8 @@ def test_show_prints_the_card(learner_dir, capsys):
 # What the stubs' docstrings used to spell out, now in the last hints only
 HOW = {"ring_all_reduce": ["(rank - t - 1) % n", "(rank + 1 - t) % n"],
        "bucketed_grad_hooks": ["p.grad / world_size", "async_op=True"],
-       "zero1_step": ["(1 - b1 ** step)", "sqrt(v"]}
+       "zero1_step": ["(1 - b1 ** step)", "sqrt(v"],
+       "ring_attention_forward": ["logaddexp(lse, lse_b)", "exp(lse_b - new)"]}
 
 
 @pytest.mark.parametrize("name", HOW)
