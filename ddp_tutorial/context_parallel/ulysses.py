@@ -32,7 +32,7 @@ from ddp_tutorial.context_parallel.ring_attention import (
 from ddp_tutorial.env import distributed, rank_device
 
 __all__ = ["seq_to_heads", "heads_to_seq", "SeqToHeads", "HeadsToSeq", "ulysses_attention", "ulysses_case",
-           "main"]
+           "ulysses_worker", "main"]
 
 
 def seq_to_heads(x: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
@@ -101,6 +101,11 @@ def ulysses_case(rank: int, world_size: int, shape: tuple[int, int, int, int], *
     out = ulysses_attention(q, k, v, causal=causal)
     (out * shard_sequence(loss_weight(shape, dtype), rank, world_size).to(device)).sum().backward()
     return {"rank": rank, "out": out.detach().cpu(), "dq": q.grad.cpu(), "dk": k.grad.cpu(), "dv": v.grad.cpu()}
+
+
+def ulysses_worker(rank: int, world_size: int, shape: tuple[int, int, int, int] = (2, 4, 16, 8)) -> list[dict]:
+    """``ulysses_case`` without and with the causal mask, in one launch."""
+    return [ulysses_case(rank, world_size, shape, causal=causal) for causal in (False, True)]
 
 
 def main() -> None:

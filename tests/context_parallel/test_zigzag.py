@@ -4,7 +4,8 @@ The work per rank is counted from the schedule ``RingAttention`` follows and che
 causal mask counted in one process; Ulysses is compared with SDPA on the whole sequence (the ring's
 zig-zag equality is in ``test_ring_attention.py``).
 
-Covers ``ddp_tutorial.context_parallel.zigzag``, ``ddp_tutorial.context_parallel.ulysses``.
+Covers ``ddp_tutorial.context_parallel.zigzag``, ``ddp_tutorial.context_parallel.ulysses``,
+``ddp_tutorial.plots.context``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,22 @@ def test_zigzag_gives_every_rank_the_same_causal_work(n):
     if n > 1:  # contiguous: the last rank does 2N - 1 times the first rank's blocks (plus the diagonals)
         assert contiguous == sorted(contiguous) and contiguous[-1] > 2 * contiguous[0]
     assert scores_per_rank(n, seq, layout="contiguous", causal=False) == [seq * seq // n] * n
+
+
+def test_picture_has_a_bar_per_rank_and_layout():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ddp_tutorial.plots import plot_work_per_rank
+
+    work = {layout: scores_per_rank(4, 16, layout=layout) for layout in ("contiguous", "zigzag")}
+    ax = plot_work_per_rank(work)
+    heights = [round(p.get_height()) for p in ax.patches]
+    assert heights == work["contiguous"] + work["zigzag"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["contiguous", "zigzag"]
+    plt.close("all")
 
 
 def ulysses_worker(rank: int, world_size: int) -> list[dict]:
