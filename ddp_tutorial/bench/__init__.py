@@ -22,7 +22,8 @@ __all__ = ["Result", "format_table", "timed", "MODULES", "SUBCOMMANDS", "subcomm
 # lives in its own module, named for what it measures (not after the part it measures).
 MODULES = {"launch": "launch", "allreduce": "allreduce", "ddp": "ddp", "ddp-options": "ddp_options",
            "pipeline": "microbatch",
-           "collectives": "collective_bw", "dp": "dp", "train": "scaling", "sharding": "footprint"}
+           "collectives": "collective_bw", "dp": "dp", "train": "scaling", "sharding": "footprint",
+           "context": "context"}
 SUBCOMMANDS = list(MODULES)
 
 
