@@ -3,7 +3,7 @@
 Functions take an ``ax`` (or create a figure) and return it; they never call
 ``plt.show()``. ``comm``: collectives, the ring, bandwidth (lessons 02-05, 07);
 ``timelines``: overlap, bucket sweeps, pipelines (07, 09); ``sharding``: bytes per rank
-(13); ``meshes``: which rank holds which block of a tensor (14); ``context``: causal
+(13); ``meshes``: which rank holds which block of a tensor (14); ``workload``: causal
 attention's work per rank (19).
 """
 
@@ -15,7 +15,7 @@ from ddp_tutorial.plots.comm import (
                                      plot_subgroups,
                                      plot_token_ring,
 )
-from ddp_tutorial.plots.context import plot_work_per_rank
+from ddp_tutorial.plots.workload import plot_work_per_rank
 from ddp_tutorial.plots.meshes import plot_tensor_blocks
 from ddp_tutorial.plots.sharding import plot_bytes_per_rank
 from ddp_tutorial.plots.timelines import (

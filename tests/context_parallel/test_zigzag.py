@@ -5,7 +5,7 @@ causal mask counted in one process; Ulysses is compared with SDPA on the whole s
 zig-zag equality is in ``test_ring_attention.py``).
 
 Covers ``ddp_tutorial.context_parallel.zigzag``, ``ddp_tutorial.context_parallel.ulysses``,
-``ddp_tutorial.plots.context``.
+``ddp_tutorial.plots.workload``.
 """
 
 from __future__ import annotations
