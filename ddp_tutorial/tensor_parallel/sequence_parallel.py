@@ -33,7 +33,8 @@ from ddp_tutorial.models import LlamaBlock
 from ddp_tutorial.tensor_parallel.split_mlp import f, g, shard_range
 
 __all__ = ["GatherSequence", "ScatterSequence", "gather_sequence", "scatter_sequence", "TensorParallelBlock",
-           "sync_norm_grads", "make_block", "activation_bytes", "block_input", "one_process_block", "block_worker", "main"]
+           "sync_norm_grads", "make_block", "activation_bytes", "region_seed", "dropout_masks",
+           "one_process_dropout", "block_input", "one_process_block", "block_worker", "main"]
 
 SEQ_DIM = 1  # activations are (batch, seq, dim)
 
@@ -212,6 +213,42 @@ def activation_bytes(rank: int, world_size: int, sequence_parallel: bool = False
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         block(x.to(rank_device()).requires_grad_())
     return total
+
+
+def region_seed(seed: int, rank: int, *, split: bool) -> int:
+    """The dropout seed of a tensor-parallel rank (Megatron's rule, ``tensor_parallel/random.py``).
+
+    A region every rank holds whole (TP's norms and dropouts) must draw the *same* mask on every
+    rank, or the replicas drift apart: the same seed. A region split over the ranks (SP's
+    positions, TP's heads) must draw *its own*: the same seed would give every rank's positions
+    the same mask pattern, correlated along the sequence. Megatron offsets it by ``2718 + rank``.
+    """
+    return seed + 2718 + rank if split else seed
+
+
+def dropout_masks(rank: int, world_size: int, sequence_parallel: bool = False, per_rank_seed: bool = False,
+                  seed: int = 5) -> dict:
+    """One forward of the block with dropout 0.5, seeded by ``region_seed``: the attention dropout's
+    keep mask on this rank's positions, and the block's output."""
+    block = TensorParallelBlock(make_block(dropout=0.5).to(rank_device()), sequence_parallel=sequence_parallel)
+    x, _ = block_input()
+    if sequence_parallel:
+        x = x[:, shard_range(x.shape[SEQ_DIM], rank, world_size)]
+    masks = []
+    block.attention_dropout.register_forward_hook(lambda _, inputs, out: masks.append((out != 0) | (inputs[0] == 0)))
+    torch.manual_seed(region_seed(seed, rank, split=per_rank_seed))
+    out = block(x.to(rank_device()))
+    return {"mask": masks[0].cpu(), "out": out.detach().cpu()}
+
+
+def one_process_dropout(seed: int = 5) -> dict:
+    """``dropout_masks`` of the unsplit block in one process, seeded with ``seed``."""
+    block = make_block(dropout=0.5)
+    masks = []
+    block.attention_dropout.register_forward_hook(lambda _, inputs, out: masks.append((out != 0) | (inputs[0] == 0)))
+    torch.manual_seed(seed)
+    out = block(block_input()[0])
+    return {"mask": masks[0], "out": out.detach()}
 
 
 def expected_piece(name: str, full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:

@@ -16,7 +16,10 @@ from ddp_tutorial.tensor_parallel.sequence_parallel import (
     activation_bytes,
     block_worker,
     compare_block,
+    dropout_masks,
     one_process_block,
+    one_process_dropout,
+    region_seed,
 )
 from ddp_tutorial.tensor_parallel.vocab_parallel import compare_vocab, one_process_vocab, vocab_worker
 
@@ -51,6 +54,26 @@ def test_block_bytes_on_one_rank_are_the_whole_block():
     (whole,) = spawn(activation_bytes, 1, timeout=60, quiet=True)
     (r,) = spawn(activation_bytes, 1, args=(True,), timeout=60, quiet=True)
     assert whole == r and whole["norm/dropout"] > 0
+
+
+def dropout_cases(rank: int, world_size: int) -> dict:
+    """TP with one seed; SP with one seed; SP with a seed per rank: in one launch."""
+    return {"tp": dropout_masks(rank, world_size, False, False), "sp_same": dropout_masks(rank, world_size, True, False),
+            "sp_own": dropout_masks(rank, world_size, True, True)}
+
+
+def test_dropout_rng_same_seed_where_replicated_own_seed_where_split():
+    assert region_seed(5, 1, split=False) == 5 and region_seed(5, 1, split=True) == 5 + 2718 + 1
+    results = spawn(dropout_cases, 2, timeout=60, quiet=True)
+    reference = one_process_dropout()
+    assert (reference["out"] - one_process_block()["out"]).abs().max() > 0.01  # dropout 0.5 does change it
+    for r in results:  # TP: the region is whole on every rank, the same draws as one process
+        assert torch.equal(r["tp"]["mask"], reference["mask"])
+        assert (r["tp"]["out"] - reference["out"]).abs().max() < TOLERANCE
+    # SP with one seed: rank 1's positions get rank 0's mask pattern, correlated along the sequence
+    assert torch.equal(results[0]["sp_same"]["mask"], results[1]["sp_same"]["mask"])
+    # SP with a seed per rank: each rank its own mask
+    assert not torch.equal(results[0]["sp_own"]["mask"], results[1]["sp_own"]["mask"])
 
 
 @pytest.mark.parametrize("n", [2, 4])
