@@ -15,7 +15,6 @@ from ddp_tutorial.plots.comm import (
                                      plot_subgroups,
                                      plot_token_ring,
 )
-from ddp_tutorial.plots.workload import plot_work_per_rank
 from ddp_tutorial.plots.meshes import plot_tensor_blocks
 from ddp_tutorial.plots.sharding import plot_bytes_per_rank
 from ddp_tutorial.plots.timelines import (
@@ -26,6 +25,7 @@ from ddp_tutorial.plots.timelines import (
                                      plot_pipeline_timeline,
                                      plot_stage_grid,
 )
+from ddp_tutorial.plots.workload import plot_work_per_rank
 
 __all__ = ["plot_collective", "plot_ring_steps", "plot_busbw", "plot_subgroups", "plot_token_ring",
            "plot_allreduce_fit", "plot_overlap_timeline", "plot_bucket_sweep", "plot_exposed", "plot_link_steps", "plot_pipeline_timeline",
