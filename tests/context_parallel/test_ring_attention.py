@@ -12,18 +12,23 @@ from __future__ import annotations
 import pytest
 import torch
 
+import torch.distributed as dist
+
 from ddp_tutorial.context_parallel.ring_attention import (
     attend_block,
     block_pairs,
     chunk_ids,
     compare,
+    loss_weight,
     merge_partials,
     qkv_inputs,
+    ring_attention,
     ring_worker,
     shard_sequence,
     tolerance,
     unshard_sequence,
 )
+from ddp_tutorial.context_parallel.zigzag import zigzag_attention
 from ddp_tutorial.launch import spawn
 
 SHAPE = (2, 2, 24, 4)  # 24 positions: 2N chunks for N = 1, 2, 3, 4
@@ -85,3 +90,26 @@ def test_ring_attention_equals_sdpa_output_and_gradients(n):
                             layout=case["layout"])
             assert wrong["out"] > 0.01
 
+
+
+def subgroup_worker(rank: int, world_size: int) -> dict:
+    """Two rings of 2 in a world of 4 ({0, 1} and {2, 3}): the public functions with ``group=``."""
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates every group
+    group = groups[rank // 2]
+    me = dist.get_rank(group)
+    out = {}
+    for name, fn, layout in (("ring", ring_attention, "contiguous"), ("zigzag", zigzag_attention, "zigzag")):
+        full = qkv_inputs(SHAPE, torch.float64)
+        q, k, v = (shard_sequence(t, me, 2, layout).requires_grad_() for t in full)
+        o = fn(q, k, v, causal=True, group=group)
+        (o * shard_sequence(loss_weight(SHAPE, torch.float64), me, 2, layout)).sum().backward()
+        out[name] = {"out": o.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return out
+
+
+def test_ring_attention_on_subgroups_uses_each_groups_own_ring():
+    results = spawn(subgroup_worker, 4, timeout=90, quiet=True)
+    for ring in (results[:2], results[2:]):
+        for name, layout in (("ring", "contiguous"), ("zigzag", "zigzag")):
+            diff = compare([r[name] for r in ring], qkv_inputs(SHAPE, torch.float64), causal=True, layout=layout)
+            assert max(diff.values()) < tolerance(torch.float64), (name, diff)
