@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import torch.distributed as dist
 
 from ddp_tutorial.context_parallel.ring_attention import (
