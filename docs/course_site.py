@@ -40,6 +40,7 @@ API_GROUPS = (
      "ddp_tutorial.pipeline_parallel"),
     ("sharding", "Sharding (13): ddp_tutorial.sharding", "ddp_tutorial.sharding"),
     ("tensor_parallel", "Tensor parallelism (14): ddp_tutorial.tensor_parallel", "ddp_tutorial.tensor_parallel"),
+    ("context_parallel", "Context parallelism (19): ddp_tutorial.context_parallel", "ddp_tutorial.context_parallel"),
     ("pitfalls", "The debugging lab (11): ddp_tutorial.pitfalls", "ddp_tutorial.pitfalls"),
     ("bench", "Benchmarks (12): ddp_tutorial.bench", "ddp_tutorial.bench"),
     ("exercises", "Exercises: ddp_tutorial.exercises", "ddp_tutorial.exercises"),
