@@ -15,6 +15,7 @@
 #   make slurm-test lesson 15's sbatch scripts on a throwaway two-node Slurm, and elastic torchrun (root)
 #   make test-versions  unit tests and nbval again in throwaway venvs: the oldest Python with the
 #                   floor torch/torchvision (ddp_tutorial/doctor.py FLOORS), the newest Python with the newest torch
+#   make capstone-layouts  lesson 21: every layout of up to 8 ranks against one process (slower than make test)
 #   make bench      the benchmark suite (python -m ddp_tutorial.bench all)
 #   make bench-reference  the same, saved as lesson 12's reference run (on an idle machine)
 #   make clean      remove .venv and pytest's cache
@@ -58,6 +59,11 @@ TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 unit: $(STAMP)
 	$(PY) -m pytest $(XDIST) --durations=10 tests
+
+# Lesson 21's full check: each of the 18 layouts without cp (make test runs a 4-rank subset).
+.PHONY: capstone-layouts
+capstone-layouts: $(STAMP)
+	DDP_TUTORIAL_ALL_LAYOUTS=1 $(PY) -m pytest --durations=5 tests/capstone/test_composed.py
 
 nbval: $(STAMP)
 	$(PY) -m pytest $(XDIST) $(NBVAL) notebooks

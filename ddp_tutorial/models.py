@@ -131,20 +131,43 @@ def build_model(name: str, in_channels: int, num_classes: int) -> nn.Module:
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block: causal self-attention, then an MLP, each with a residual."""
+    """A pre-norm transformer block: causal self-attention, then an MLP, each with a residual.
 
-    def __init__(self, dim: int, heads: int):
+    ``dropout`` (lesson 16) drops attention probabilities and each branch's output, as GPT-2
+    does; 0 (the default) draws no random numbers. ``attention="math"`` computes
+    ``softmax(q kᵀ / √d) v`` op by op, so autograd keeps the (seq × seq) matrices that
+    ``16_memory`` counts; ``"sdpa"`` (the default) calls ``scaled_dot_product_attention``.
+    """
+
+    def __init__(self, dim: int, heads: int, *, dropout: float = 0.0, attention: str = "sdpa"):
         super().__init__()
-        self.heads = heads
+        if attention not in ("sdpa", "math"):
+            raise ValueError(f"attention must be 'sdpa' or 'math', not {attention!r}")
+        self.heads, self.dropout, self.attention = heads, dropout, attention
         self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.norm2, self.up, self.down = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
 
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of (batch, heads, seq, head_dim) tensors, with dropout on the probabilities."""
+        p = self.dropout if self.training else 0.0
+        if self.attention == "sdpa":
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        t = q.shape[-2]
+        # an additive mask: adding saves nothing for backward, masked_fill would keep a mask
+        future = torch.full((t, t), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+        scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5 + future
+        probs = scores.softmax(-1)
+        return (nn.functional.dropout(probs, p, self.training) if p else probs) @ v
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def drop(y: torch.Tensor) -> torch.Tensor:  # at p = 0 not even called: today's graph, exactly
+            return nn.functional.dropout(y, self.dropout, self.training) if self.dropout else y
+
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attended.transpose(1, 2).reshape(b, t, d))
-        return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+        attended = self.attend(q, k, v)
+        x = x + drop(self.proj(attended.transpose(1, 2).reshape(b, t, d)))
+        return x + drop(self.down(nn.functional.gelu(self.up(self.norm2(x)))))
 
 
 class TinyTransformer(nn.Module):
@@ -181,6 +204,112 @@ def token_batch(step: int, world_size: int, rank: int | None = None, per_rank: i
         tokens = tokens[rank * per_rank:(rank + 1) * per_rank]
     tokens = tokens.to(device)
     return tokens[:, :-1], tokens[:, 1:].reshape(-1)
+
+
+# --------------------------------------------------------- lesson 16 (memory)
+
+
+class TinyGPT(TinyTransformer):
+    """``TinyTransformer`` with GPT-2's dropout and a choice of attention (``16_memory``).
+
+    ``dropout`` and ``attention`` are ``Block``'s. The blocks are ``TinyTransformer``'s own,
+    only switched, so the same seed gives the same weights as ``TinyTransformer``.
+    """
+
+    def __init__(self, vocab: int = 32, dim: int = 16, heads: int = 2, layers: int = 2, *, dropout: float = 0.0,
+                 attention: str = "sdpa"):
+        super().__init__(vocab, dim, heads, layers)
+        if attention not in ("sdpa", "math"):
+            raise ValueError(f"attention must be 'sdpa' or 'math', not {attention!r}")
+        for block in self.blocks:
+            block.dropout, block.attention = dropout, attention
+
+
+# --------------------------------------------------------- lesson 21 (capstone)
+
+
+def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """Rotary position embedding of ``x`` (batch, heads, seq, head_dim): pairs of features turned by an
+    angle that grows with the position (``offset`` is the first one's: a sequence shard's start).
+
+    No parameters, so no parallelism has anything to shard or gather for positions.
+    """
+    seq, dim = x.shape[-2], x.shape[-1]
+    freqs = 1.0 / 10000 ** (torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim)
+    angles = torch.arange(offset, offset + seq, dtype=torch.float64, device=x.device)[:, None] * freqs
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+class GPTAttention(nn.Module):
+    """Causal multi-head self-attention with rotary positions; separate ``wq``, ``wk``, ``wv``, ``wo``.
+
+    Separate projections (no fused qkv) let tensor parallelism give each rank whole heads:
+    ``ColwiseParallel`` on ``wq``/``wk``/``wv`` cuts their outputs head by head. The number of
+    heads is read from the tensor (``-1``), so a rank holding ``heads / tp`` of them runs the same code.
+    """
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.head_dim = dim // heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        out = nn.functional.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class GPTFeedForward(nn.Module):
+    """Linear up to ``4 dim``, GELU, linear down: the block's MLP (``w1`` column-, ``w2`` row-parallel under TP)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(dim, 4 * dim, bias=False), nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(nn.functional.gelu(self.w1(x)))
+
+
+class GPTBlock(nn.Module):
+    """Pre-norm decoder block: ``x + attention(norm(x))``, then ``x + feed_forward(norm(x))``."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.attention_norm, self.attention = nn.LayerNorm(dim), GPTAttention(dim, heads)
+        self.ffn_norm, self.feed_forward = nn.LayerNorm(dim), GPTFeedForward(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class CharGPT(nn.Module):
+    """A decoder-only GPT on characters (``21_capstone``): embedding, ``layers`` blocks, norm, output head.
+
+    Names follow torchtitan's Llama (``tok_embeddings``, ``layers``, ``norm``, ``output``) so its
+    parallelisation plans read the same. ``layers`` is a ``ModuleDict`` keyed ``"0"``, ``"1"``, ...:
+    a pipeline stage deletes the blocks it does not run and keeps the names of the others, and
+    sets ``tok_embeddings`` (all but the first stage) or ``norm`` and ``output`` (all but the
+    last) to ``None``; ``forward`` skips what is ``None``. Returns logits (batch, seq, vocab).
+    """
+
+    def __init__(self, vocab: int = 32, dim: int = 32, heads: int = 4, layers: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.tok_embeddings: nn.Module | None = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleDict({str(i): GPTBlock(dim, heads) for i in range(layers)})
+        self.norm: nn.Module | None = nn.LayerNorm(dim)
+        self.output: nn.Module | None = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
 
 
 # --------------------------------------------------------- lesson 19 (long sequences)

@@ -67,12 +67,19 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
     "15_cluster": (python("cluster.jobs", "list", comment="the Slurm job scripts and what each does"),
                    python("cluster.jobs", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
                    Command("cluster.elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
+    "16_memory": (python("sharding.calculator", "--model llama-8b --dp 8 --zero 1 --recompute full",
+                         comment="bytes per rank for Llama 3 8B"),
+                  python("bench", "memory", comment="the calculator against measured bytes, and recompute's cost")),
     "19_long_sequences": (Command("context_parallel.ring_attention", nproc=4, comment="ring attention = SDPA, causal and not"),
                           Command("context_parallel.zigzag", nproc=4, comment="the causal work per rank, both layouts"),
                           Command("context_parallel.ulysses"),
                           Command("tensor_parallel.sequence_parallel", comment="a Llama block: TP, then TP + SP"),
                           Command("tensor_parallel.llama_plan", comment="parallelize_module's plan and loss_parallel"),
                           python("bench", "context", comment="ring vs full attention: time and bytes per rank")),
+    "21_capstone": (python("capstone.reference", comment="the one-process run every layout must equal: loss curve"),
+                    python("capstone.layout", "--dp 2 --tp 2 --pp 2", comment="each rank's coordinates and groups"),
+                    Command("capstone.composed", "--dp 2 --tp 2 --pp 2", nproc=8,
+                            comment="dp x tp x pp on 8 ranks, checked against one process")),
 }
 
 

@@ -23,7 +23,7 @@ __all__ = ["Result", "format_table", "timed", "MODULES", "SUBCOMMANDS", "subcomm
 MODULES = {"launch": "launch", "allreduce": "allreduce", "ddp": "ddp", "ddp-options": "ddp_options",
            "pipeline": "microbatch",
            "collectives": "collective_bw", "dp": "dp", "train": "scaling", "sharding": "footprint",
-           "context": "context"}
+           "memory": "activation_memory", "context": "context"}
 SUBCOMMANDS = list(MODULES)
 
 

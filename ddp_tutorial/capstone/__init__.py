@@ -1,0 +1,14 @@
+"""Part 10, the capstone (lesson 21): one small GPT trained with every parallelism at once, equal to one process.
+
+The modules, in lesson order:
+- ``chars`` (21): character-level text from a fixed grammar, and each step's global batch;
+  ``python -m ddp_tutorial.capstone.chars``
+- ``reference`` (21): ``CharGPT`` trained by one process, the run every layout must equal;
+  ``python -m ddp_tutorial.capstone.reference``
+- ``layout`` (21): ``--dp --tp --pp --cp`` -> one ``DeviceMesh`` (``pp, dp, cp, tp``), every
+  admitted layout, each rank's coordinates and groups;
+  ``python -m ddp_tutorial.capstone.layout --dp 2 --tp 2 --pp 2``
+- ``parallelize`` (21): pipeline stage, tensor + sequence parallelism, FSDP2, applied to the model
+- ``composed`` (21): the training on a ``pp x dp x tp`` mesh against the reference;
+  ``torchrun --nproc-per-node=8 -m ddp_tutorial.capstone.composed --dp 2 --tp 2 --pp 2``
+"""

@@ -1,0 +1,191 @@
+"""``CharGPT`` trained on a ``pp x dp x tp`` mesh, equal to one process (``21_capstone``).
+
+Each rank builds the whole model from the run's seed, keeps its pipeline stage, splits it
+over its ``tp`` group and shards it over its ``dp`` group (``parallelize``), then trains:
+
+- without pipelining, forward and backward of its replica's rows of the global batch;
+- with it, ``torch.distributed.pipelining``'s GPipe schedule over the ``pp`` group: the
+  replica's rows cut into ``microbatches`` (at least one per stage), the loss computed on the last stage, gradients
+  averaged over the microbatches (``scale_grads``, the default), as one mean over the rows.
+
+FSDP2 averages the gradients over ``dp``, so every step is one Adam step on the gradient
+of the mean loss over the global batch: the reference's step. After ``steps`` steps the
+whole weights are gathered back (``full_tensor()`` over ``dp`` and ``tp``, then the stages
+over ``pp``) and compared with ``reference.train_one_process``. Context parallelism (``cp``)
+waits for the ring attention of the sequence-parallelism lesson.
+
+    torchrun --nproc-per-node=8 -m ddp_tutorial.capstone.composed --dp 2 --tp 2 --pp 2
+    torchrun --nproc-per-node=4 -m ddp_tutorial.capstone.composed --tp 2 --pp 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from ddp_tutorial.capstone.chars import VOCAB, char_batch
+from ddp_tutorial.capstone.layout import Layout, LayoutError, build_mesh, check_layout, coordinates, microbatches_for
+from ddp_tutorial.capstone.parallelize import apply_fsdp, apply_tp, pipeline_part
+from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss, train_one_process
+from ddp_tutorial.env import distributed, rank_device
+
+if TYPE_CHECKING:  # imported where used: a learner's torch without these still imports the module
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining import ScheduleGPipe
+
+__all__ = ["TOLERANCE", "composed_worker", "composed_runs", "compare", "main"]
+
+# float64 throughout: the layouts add the same numbers in other orders (sums split over ranks,
+# microbatches), so they differ from one process by rounding only, far below this.
+TOLERANCE = 1e-9
+
+
+def _stage(model: nn.Module, run: GPTRun, layout: Layout, *, mesh: DeviceMesh,
+           device: torch.device) -> ScheduleGPipe:
+    """The GPipe schedule of this rank's stage, with the example tensors its neighbours send."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    pp = mesh["pp"]
+    chunks = microbatches_for(layout.pp, run.microbatches)
+    stage, rows = pp.get_local_rank(), run.global_batch // layout.dp // chunks
+    # requires_grad: a stage sends its input's gradient back to the stage before (without it, that
+    # stage's backward receives None and fails).
+    hidden = torch.empty(rows, run.seq // layout.tp, run.dim, dtype=run.dtype, device=device).requires_grad_()
+    first = torch.empty(rows, run.seq, dtype=torch.int64, device=device)
+    logits = torch.empty(rows, run.seq, VOCAB, dtype=run.dtype, device=device)
+    # Given, not inferred: the shapes follow from the run and the layout (a stage holds seq / tp
+    # positions between blocks), so the first step needs no shape inference between stages.
+    piece = PipelineStage(model, stage, layout.pp, device, input_args=first if stage == 0 else hidden,
+                          output_args=logits if stage == layout.pp - 1 else hidden, group=pp.get_group())
+    return ScheduleGPipe(piece, chunks, loss_fn=next_char_loss)
+
+
+def _train_step(model: nn.Module, schedule: ScheduleGPipe | None, optimizer: torch.optim.Optimizer, *,
+                batch: tuple[torch.Tensor, torch.Tensor], stage: int,
+                stages: int) -> torch.Tensor:
+    """One step on ``batch`` (inputs, targets); the replica's mean loss on the last stage, 0 elsewhere."""
+    inputs, targets = batch
+    optimizer.zero_grad()
+    if schedule is None:
+        loss = next_char_loss(model(inputs), targets)
+        loss.backward()
+    else:
+        losses: list[torch.Tensor] = []
+        last = stage == stages - 1
+        args = (inputs,) if stage == 0 else ()
+        schedule.step(*args, target=targets if last else None, losses=losses if last else None)
+        loss = torch.stack(losses).mean() if last else torch.zeros((), dtype=torch.float64)
+    optimizer.step()
+    return loss.detach().to(torch.float64).cpu()
+
+
+def _gather_weights(model: nn.Module, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+    """The whole model's weights, on every rank: each DTensor gathered, then the stages' sets joined."""
+    from torch.distributed.tensor import DTensor
+
+    mine = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
+            for n, p in model.named_parameters()}
+    stages: list = [None] * mesh["pp"].size()
+    dist.all_gather_object(stages, mine, group=mesh["pp"].get_group())
+    return {n: w for state in stages for n, w in state.items()}
+
+
+def _quiet_known_notes() -> None:
+    """Silence two notes that do not apply here, so that rank output shows only this lesson's lines."""
+    # FSDP2 warns that the root returns a view (TP's local logits): in-place ops on it would skip a
+    # hook; the loss reads the logits and never writes them.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    # full_tensor() of a dp x tp sharded weight takes two all-gathers, once, at the end: slow is fine.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+
+def composed_worker(rank: int, world_size: int, layout: dict, steps: int = 3, run: dict | None = None) -> dict:
+    """Train ``steps`` steps on the mesh of ``layout`` (``{"dp": 2, "tp": 2, ...}``); rank 0 returns the
+    global loss of each step and the whole weights, every rank its coordinates and groups' ranks."""
+    run_ = GPTRun(**(run or {}))
+    shape = check_layout(Layout(**layout), world_size, **run_.model_limits())
+    if shape.cp > 1:
+        raise NotImplementedError("cp > 1 needs ring attention (the sequence-parallelism lesson): not composed yet")
+    _quiet_known_notes()
+    device = rank_device()
+    mesh = build_mesh(shape)
+    stage = mesh["pp"].get_local_rank()
+    model = pipeline_part(make_gpt(run_).to(device), stage, shape.pp)
+    if shape.tp > 1:
+        apply_tp(model, mesh["tp"])
+    if shape.dp > 1:
+        apply_fsdp(model, mesh["dp"], reshard_after_forward=shape.pp == 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=run_.lr)
+    schedule = _stage(model, run_, shape, mesh=mesh, device=device) if shape.pp > 1 else None
+    dp_rank = mesh["dp"].get_local_rank()
+    losses = []
+    for step in range(steps):
+        inputs, targets = char_batch(step, run_.global_batch, run_.seq, part=dp_rank, parts=shape.dp,
+                                     seed=run_.seed)
+        losses.append(_train_step(model, schedule, optimizer, batch=(inputs.to(device), targets.to(device)),
+                                  stage=stage, stages=shape.pp))
+    # The global loss: the last stage's (a sum over pp, the others add 0), averaged over the replicas.
+    total = torch.stack(losses).to(device)
+    dist.all_reduce(total, group=mesh["pp"].get_group())
+    dist.all_reduce(total, group=mesh["dp"].get_group())
+    weights = _gather_weights(model, mesh)
+    dist.barrier()  # no rank tears the group down under a peer's last collective (see sharding.fsdp)
+    return {"rank": rank, "coordinates": coordinates(rank, shape),
+            "mesh_coordinates": dict(zip(mesh.mesh_dim_names, mesh.get_coordinate())),
+            "groups": {d: dist.get_process_group_ranks(mesh[d].get_group()) for d in mesh.mesh_dim_names},
+            "losses": (total / shape.dp).cpu().tolist() if rank == 0 else None,
+            "state": weights if rank == 0 else None}
+
+
+def composed_runs(rank: int, world_size: int, layouts: list[dict], steps: int = 3) -> list[dict]:
+    """``composed_worker`` for each layout in turn, on the same ranks: one launch for several layouts."""
+    return [composed_worker(rank, world_size, layout, steps) for layout in layouts]
+
+
+def compare(result: dict, reference: dict) -> dict[str, float]:
+    """The largest difference of the losses and of the weights between a layout's rank 0 and the reference."""
+    loss = max(abs(a - b) for a, b in zip(result["losses"], reference["losses"]))
+    weights = max((result["state"][n] - w).abs().max().item() for n, w in reference["state"].items())
+    missing = set(reference["state"]) ^ set(result["state"])
+    if missing:
+        raise AssertionError(f"the gathered weights differ in names: {sorted(missing)}")
+    return {"loss": loss, "weights": weights}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for dim in ("dp", "tp", "pp", "cp"):
+        parser.add_argument(f"--{dim}", type=int, default=None, help="ranks of this parallelism (default 1)")
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    given = {d: getattr(args, d) for d in ("dp", "tp", "pp", "cp") if getattr(args, d) is not None}
+    with distributed() as (info, _):
+        if "dp" not in given:  # the ranks the others leave: dp fills the world
+            rest = 1
+            for v in given.values():
+                rest *= v
+            given["dp"] = max(1, info.world_size // rest)
+        try:
+            result = composed_worker(info.rank, info.world_size, given, args.steps)
+        except (LayoutError, NotImplementedError) as err:  # every rank refuses the same, before any collective
+            raise SystemExit(f"composed: {err}") from None
+    if info.is_main:
+        ref = train_one_process(GPTRun(), args.steps)
+        diff = compare(result, ref)
+        layout = Layout(**given)
+        print("losses:", " ".join(f"{x:.4f}" for x in result["losses"]))
+        ok = max(diff.values()) < TOLERANCE
+        print(f"{'OK' if ok else 'FAILED'}: {layout} on {info.world_size} ranks trains CharGPT as one process "
+              f"does ({args.steps} steps: losses and weights within {TOLERANCE:g})")
+        if not ok:
+            raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Lesson 21's exercise: a layout's ``DeviceMesh`` and the ranks that share each of its groups.
+
+The reference is computed twice, without the learner's code: by ``capstone.layout.group_ranks``
+(mixed radix) and by torch (``dist.get_process_group_ranks`` of each dimension of the checker's
+own reading of the learner's mesh). The checker records the collectives the solution calls:
+the groups follow from the rank and the sizes, so a solution that asks the other ranks
+(``all_gather_object`` of coordinates, say) gets the numbers right the wrong way and fails.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from ddp_tutorial.capstone.layout import MESH_DIMS, Layout, group_ranks
+from ddp_tutorial.exercises.exercise import Exercise
+from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
+from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
+
+# The layouts checked on each world size, (dp, tp, pp, cp) as the function takes them.
+LAYOUTS = {
+    1: [(1, 1, 1, 1)],
+    2: [(2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1), (1, 1, 1, 2)],
+    3: [(1, 3, 1, 1), (1, 1, 3, 1)],
+    4: [(2, 2, 1, 1), (1, 2, 2, 1), (1, 1, 2, 2), (2, 1, 1, 2), (4, 1, 1, 1)],
+    8: [(2, 2, 2, 1), (4, 2, 1, 1), (2, 1, 2, 2), (2, 2, 1, 2), (1, 2, 4, 1)],
+}
+
+
+def reversed_groups(rank: int, layout: Layout) -> dict[str, list[int]]:
+    """The groups if the dimensions were laid out the other way round (``tp`` outermost, ``pp`` innermost)."""
+    groups, stride = {}, 1
+    for dim in MESH_DIMS:
+        size = getattr(layout, dim)
+        digit = rank // stride % size
+        groups[dim] = [rank - digit * stride + i * stride for i in range(size)]
+        stride *= size
+    return groups
+
+
+def wrong_mesh(mesh: object, layout: Layout) -> str | None:
+    """What is wrong with the returned mesh (None: its names, order and shape are right)."""
+    if not isinstance(mesh, DeviceMesh):
+        return f"the first item returned is {type(mesh).__name__}, not the DeviceMesh"
+    names = mesh.mesh_dim_names
+    if names is None:
+        return f"the mesh's dimensions have no names: init_device_mesh(..., mesh_dim_names={MESH_DIMS})"
+    if tuple(names) != MESH_DIMS:
+        if sorted(names) == sorted(MESH_DIMS):
+            return (f"the mesh's dimensions are ordered {tuple(names)}: torchtitan's order is {MESH_DIMS}, "
+                    "outermost first (tp innermost: its ranks are neighbours, inside one node)")
+        return f"the mesh's dimensions are named {tuple(names)}, expected {MESH_DIMS}"
+    if tuple(mesh.shape) != layout.shape:
+        return (f"the mesh's shape is {tuple(mesh.shape)}, expected {layout.shape}: the sizes of pp, dp, cp, tp "
+                "in that order")
+    return None
+
+
+def wrong_groups(groups: object, rank: int, layout: Layout, *, mesh: DeviceMesh) -> str | None:
+    """What is wrong with the returned groups (None: each is this rank's group, as torch's mesh says)."""
+    want = group_ranks(rank, layout)
+    torch_says = {d: dist.get_process_group_ranks(mesh[d].get_group()) for d in MESH_DIMS}
+    assert torch_says == want, (torch_says, want)  # the two references agree before the learner is judged
+    if not isinstance(groups, dict):
+        return f"the second item returned is {type(groups).__name__}, not a dict of dimension name -> ranks"
+    missing = [d for d in MESH_DIMS if d not in groups]
+    if missing:
+        return (f"groups has no entry for {', '.join(missing)}: every dimension has a group, a dimension of "
+                "size 1 too (the rank alone)")
+    for dim in MESH_DIMS:
+        got = groups[dim]
+        got = list(got) if isinstance(got, (list, tuple)) else got
+        if got == want[dim]:
+            continue
+        if got == reversed_groups(rank, layout)[dim]:
+            return (f"rank {rank}'s {dim} group is {got}, the group it would have with the dimensions reversed; "
+                    f"in the mesh tp varies fastest (stride 1) and pp slowest: {want[dim]}")
+        if isinstance(got, list) and sorted(got) == want[dim]:
+            return f"rank {rank}'s {dim} group holds the right ranks, {want[dim]}, but not in ascending order"
+        return (f"rank {rank}'s {dim} group should be {want[dim]} (the ranks whose coordinates differ from "
+                f"rank {rank}'s only in {dim}), got {got}")
+    return None
+
+
+def mesh_groups_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
+    """Each layout of ``world_size`` ranks in ``LAYOUTS``: the mesh, the groups, no collective."""
+    with traced(rank, trace_dir, record=COLLECTIVES) as trace:
+        fn = load_function(source, function, refuse=("ddp_tutorial.capstone",))
+
+        def case(dp: int, tp: int, pp: int, cp: int) -> str | None:
+            layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp)
+            result = fn(dp, tp, pp, cp)
+            if not (isinstance(result, tuple) and len(result) == 2):
+                return f"returned {type(result).__name__}; return a pair: (mesh, groups)"
+            mesh, groups = result
+            problem = wrong_mesh(mesh, layout) or wrong_groups(groups, rank, layout, mesh=mesh)
+            if problem:
+                return problem
+            asked = sorted({f"dist.{c.kind}" for c in trace.calls})
+            if asked:
+                return (f"the mesh and the groups are right, but the solution called {', '.join(asked)}: the "
+                        "groups follow from the rank and the sizes alone, no collective is needed")
+            return None
+
+        cases: list[Case] = [(f"dp={dp} tp={tp} pp={pp} cp={cp}", lambda a=a: case(*a))
+                             for a in LAYOUTS[world_size] for dp, tp, pp, cp in [a]]
+        return run_cases(trace, cases)
+
+
+EXERCISES = [
+    Exercise(
+        name="mesh_groups", number="21.1", lesson=21, notebook="21_capstone.ipynb",
+        title="a layout's DeviceMesh, and which ranks share each group", level="medium",
+        task=("Given the sizes dp, tp, pp, cp of a layout, build its DeviceMesh over every rank with the "
+              "dimensions pp, dp, cp, tp (outermost first), and return it with, for each dimension, the ranks "
+              "of this rank's group along it, computed from the rank and the sizes."),
+        hint=("Picture torch.arange(world).reshape(pp, dp, cp, tp): a rank's coordinates are its index in that "
+              "array, tp the fastest. A group of dimension d is a line of the array along d. How far apart are "
+              "two neighbours along tp? Along cp? Along pp?"),
+        checks=("17 layouts in all, 5 of them on 8 ranks (dp2 x tp2 x pp2, dp4 x tp2, ...); the mesh's dimension "
+                "names, their order and its shape; each rank's group of every dimension (size 1 too) against "
+                "the mixed-radix computation and against torch's own process groups of the mesh; no collective "
+                "called by the solution; ddp_tutorial.capstone is refused"),
+        worker=mesh_groups_worker, world_sizes=(1, 2, 3, 4, 8)),
+]

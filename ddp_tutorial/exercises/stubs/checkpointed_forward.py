@@ -1,0 +1,32 @@
+"""Exercise 16.1 (warm-up), lesson 16_memory.ipynb: checkpoint every block: keep only the blocks' inputs.
+
+Write checkpointed_forward() below (its docstring is the contract: what must hold), then check it:
+    check("checkpointed_forward")                                 in the notebook
+    python -m ddp_tutorial.exercises check checkpointed_forward   from a shell
+The checker's ranks read this file afresh each time: an edit counts at once.
+A hint: python -m ddp_tutorial.exercises show checkpointed_forward
+Start again from the stub: python -m ddp_tutorial.exercises reset checkpointed_forward
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed_forward(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+    """Run ``x`` through every block of ``blocks`` in order, keeping only each block's input for backward.
+
+    The result and, after ``backward()``, every gradient (of ``x`` and of the blocks'
+    parameters) must equal those of the plain loop ``for block in blocks: x = block(x)``,
+    dropout included. What forward leaves alive for backward must be no more than the
+    blocks' inputs (one (batch, seq, hidden) tensor per block): wrap each block in
+    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, once per block.
+    """
+    # Your code here; the checker calls checkpointed_forward(blocks, x) on every rank.
+    raise NotImplementedError(
+        'exercise 16.1 (checkpointed_forward): not started yet, as expected for a fresh stub: '
+        'my_exercises/checkpointed_forward.py still raises NotImplementedError. Next: write '
+        'checkpointed_forward() there (its docstring is the contract, lesson 16_memory.ipynb '
+        "explains it, show('checkpointed_forward') gives hints), then check again")
