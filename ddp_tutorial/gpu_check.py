@@ -100,6 +100,19 @@ ITEMS = [
         "--nproc-per-node=4", "-m", "ddp_tutorial.tensor_parallel.device_mesh"), ("OK: ",)),
     Item("4 GPUs: ZeRO on nccl", 4, TORCHRUN + ("--nproc-per-node=4", "-m", "ddp_tutorial.sharding.zero"), ("OK (",)),
     Item("4 GPUs: FSDP2 on nccl", 4, TORCHRUN + ("--nproc-per-node=4", "-m", "ddp_tutorial.sharding.fsdp"), ("OK (",)),
+    # lesson 19: the ring's batch_isend_irecv, Ulysses' all_to_all_single, SP's reduce-scatter, on nccl
+    Item("2 GPUs: ring attention on nccl", 2, TORCHRUN + (
+        "--nproc-per-node=2", "-m", "ddp_tutorial.context_parallel.ring_attention"), ("OK: ring attention over 2",)),
+    Item("2 GPUs: zig-zag ring attention on nccl", 2, TORCHRUN + (
+        "--nproc-per-node=2", "-m", "ddp_tutorial.context_parallel.zigzag"), ("OK: zig-zag",)),
+    Item("2 GPUs: Ulysses on nccl", 2, TORCHRUN + (
+        "--nproc-per-node=2", "-m", "ddp_tutorial.context_parallel.ulysses"), ("OK: Ulysses over 2",)),
+    Item("2 GPUs: a Llama block, TP and TP + SP, on nccl", 2, TORCHRUN + (
+        "--nproc-per-node=2", "-m", "ddp_tutorial.tensor_parallel.sequence_parallel"), ("+ sequence parallel over 2",)),
+    Item("2 GPUs: the vocabulary split on nccl", 2, TORCHRUN + (
+        "--nproc-per-node=2", "-m", "ddp_tutorial.tensor_parallel.vocab_parallel"), ("OK: vocabulary split",)),
+    Item("2 GPUs: the Llama plan and loss_parallel on nccl", 2, TORCHRUN + (
+        "--nproc-per-node=2", "-m", "ddp_tutorial.tensor_parallel.llama_plan"), ("OK: TinyLlama",)),
 ]
 
 

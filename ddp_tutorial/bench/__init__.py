@@ -23,7 +23,7 @@ __all__ = ["Result", "format_table", "timed", "MODULES", "SUBCOMMANDS", "subcomm
 MODULES = {"launch": "launch", "allreduce": "allreduce", "ddp": "ddp", "ddp-options": "ddp_options",
            "pipeline": "microbatch",
            "collectives": "collective_bw", "dp": "dp", "train": "scaling", "sharding": "footprint",
-           "memory": "activation_memory",
+           "memory": "activation_memory", "context": "context",
            "experts": "dispatch_cost"}
 SUBCOMMANDS = list(MODULES)
 

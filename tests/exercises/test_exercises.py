@@ -177,7 +177,8 @@ def test_show_prints_the_card(learner_dir, capsys):
 # What the stubs' docstrings used to spell out, now in the last hints only
 HOW = {"ring_all_reduce": ["(rank - t - 1) % n", "(rank + 1 - t) % n"],
        "bucketed_grad_hooks": ["p.grad / world_size", "async_op=True"],
-       "zero1_step": ["(1 - b1 ** step)", "sqrt(v"]}
+       "zero1_step": ["(1 - b1 ** step)", "sqrt(v"],
+       "ring_attention_forward": ["logaddexp(lse, lse_b)", "exp(lse_b - new)"]}
 
 
 @pytest.mark.parametrize("name", HOW)

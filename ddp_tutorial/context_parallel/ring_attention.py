@@ -1,0 +1,292 @@
+"""Ring attention from scratch: attention over a sequence split across ranks (``19_long_sequences``).
+
+Each rank holds a slice of the sequence: its queries, keys and values ``(batch, heads,
+seq/N, head_dim)``. A query needs *every* key, so the key/value blocks travel around the
+ring: at step ``s`` rank ``r`` holds the block of rank ``r - s`` and sends it on to ``r + 1``
+(``batch_isend_irecv``) while it computes attention of its queries with it. After ``N``
+steps every query has met every key, and no rank ever held more than two K/V blocks.
+
+The blocks' results are merged with the log-sum-exp rule (the online softmax of
+FlashAttention): a block gives its softmax-weighted values ``o_b`` and ``lse_b =
+log sum_j exp(s_j)`` of its scores; two blocks merge to ``lse = logaddexp(lse_a, lse_b)``
+and ``o = o_a exp(lse_a - lse) + o_b exp(lse_b - lse)``: exactly the softmax over both.
+
+The backward is written too (an ``autograd.Function``): from the final ``lse`` each block's
+probabilities are recomputed, the query gradient stays home, and the key/value gradients
+travel around the ring beside their blocks and come home after ``N`` shifts (Liu et al.
+2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context",
+arXiv:2310.01889; picotron's ``context_parallel``). With ``causal=True`` a rank skips the
+blocks of later ranks, so rank 0 works least: ``zigzag`` balances that.
+
+    torchrun --nproc-per-node=4 -m ddp_tutorial.context_parallel.ring_attention   # N = 4, causal and not
+    python -m ddp_tutorial.context_parallel.ring_attention                         # N = 1: one block
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import torch.distributed as dist
+
+from ddp_tutorial.env import distributed, rank_device
+
+__all__ = ["LAYOUTS", "chunk_ids", "block_pairs", "attend_block", "merge_partials", "ring_shift",
+           "RingAttention", "ring_attention", "shard_sequence", "unshard_sequence", "ring_case", "ring_worker",
+           "loss_weight", "qkv_inputs",
+           "reference_attention", "compare", "tolerance", "main"]
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def chunk_ids(rank: int, world_size: int, layout: str = "contiguous") -> list[int]:
+    """The global sequence chunks rank ``rank`` holds, in its local order.
+
+    ``contiguous``: the sequence in ``N`` chunks, rank ``r`` holds chunk ``r``. ``zigzag``: in
+    ``2N`` chunks, rank ``r`` holds ``r`` and ``2N - 1 - r`` (an early and a late one).
+    """
+    if layout == "contiguous":
+        return [rank]
+    if layout == "zigzag":
+        return [rank, 2 * world_size - 1 - rank]
+    raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
+
+
+def block_pairs(q_chunks: list[int], kv_chunks: list[int], *, causal: bool) -> list[tuple[int, int, bool]]:
+    """(local query chunk, local key chunk, diagonal?) for every pair that has any unmasked score.
+
+    Causal: a key chunk after the query chunk is skipped whole, the same chunk is the
+    diagonal (a triangular mask), an earlier one is attended to whole.
+    """
+    pairs = []
+    for a, i in enumerate(q_chunks):
+        for b, j in enumerate(kv_chunks):
+            if not causal or j < i:
+                pairs.append((a, b, False))
+            elif j == i:
+                pairs.append((a, b, True))
+    return pairs
+
+
+def scores(q: torch.Tensor, k: torch.Tensor, diagonal: bool) -> torch.Tensor:
+    """``q k^T / sqrt(d)``, with the diagonal block's future keys at ``-inf``."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if diagonal:
+        future = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(future, float("-inf"))
+    return s
+
+
+def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 diagonal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block's attention: its softmax-weighted values and the log-sum-exp of its scores per query."""
+    s = scores(q, k, diagonal)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
+
+
+def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+                   lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two blocks' attention over disjoint keys merged into attention over both (the online softmax).
+
+    ``lse_a`` may be ``-inf`` (nothing seen yet); ``lse_b`` must be finite.
+    """
+    lse = torch.logaddexp(lse_a, lse_b)
+    out = out_a * torch.exp(lse_a - lse).unsqueeze(-1) + out_b * torch.exp(lse_b - lse).unsqueeze(-1)
+    return out, lse
+
+
+def ring_shift(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, list]:
+    """Start sending ``tensor`` to the next rank and receiving the previous rank's: (inbox, works).
+
+    One ``batch_isend_irecv``: on NCCL a lone send to a peer that first sends too can wait for
+    ever; batched, the pair is launched together. Wait on the works before reading the inbox.
+    """
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    inbox = torch.empty_like(tensor)
+    ops = [dist.P2POp(dist.isend, tensor, peer((rank + 1) % n), group=group),
+           dist.P2POp(dist.irecv, inbox, peer((rank - 1) % n), group=group)]
+    return inbox, dist.batch_isend_irecv(ops)
+
+
+def wait(works: list) -> None:
+    for work in works:
+        work.wait()
+
+
+class RingAttention(torch.autograd.Function):
+    """Ring attention's forward and backward, for any layout of sequence chunks over the ranks."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                group: dist.ProcessGroup | None, layout: str) -> torch.Tensor:
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
+        mine = chunk_ids(rank, n, layout)
+        qs = q.chunk(len(mine), dim=2)
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        outs, lses = out.chunk(len(mine), dim=2), lse.chunk(len(mine), dim=2)  # views: merged in place
+        kv = torch.stack([k, v]).contiguous()
+        for step in range(n):
+            works = []
+            if step < n - 1:  # the next block travels while this one is computed
+                incoming, works = ring_shift(kv, group)
+            held = chunk_ids((rank - step) % n, n, layout)
+            ks, vs = kv[0].chunk(len(held), dim=2), kv[1].chunk(len(held), dim=2)
+            for a, b, diagonal in block_pairs(mine, held, causal=causal):
+                o_b, lse_b = attend_block(qs[a], ks[b], vs[b], diagonal=diagonal)
+                o, m = merge_partials(outs[a], lses[a], o_b, lse_b)
+                outs[a].copy_(o)
+                lses[a].copy_(m)
+            wait(works)
+            if step < n - 1:
+                kv = incoming
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.group, ctx.layout = causal, group, layout
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, causal, layout = ctx.group, ctx.causal, ctx.layout
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
+        mine = chunk_ids(rank, n, layout)
+        parts = len(mine)
+        delta = (grad_out * out).sum(-1)  # D = rowsum(dO * O): softmax's backward needs it per query
+        dq = torch.zeros_like(q)
+        qs, dos, lses, deltas, dqs = (t.chunk(parts, dim=2) for t in (q, grad_out, lse, delta, dq))
+        kv = torch.stack([k, v]).contiguous()
+        dkv = torch.zeros_like(kv)  # the gradient of the block held: travels with it, home after n shifts
+        for step in range(n):
+            works = []
+            if step < n - 1:
+                incoming, works = ring_shift(kv, group)
+            held = chunk_ids((rank - step) % n, n, layout)
+            ks, vs = kv[0].chunk(len(held), dim=2), kv[1].chunk(len(held), dim=2)
+            dks, dvs = dkv[0].chunk(len(held), dim=2), dkv[1].chunk(len(held), dim=2)
+            for a, b, diagonal in block_pairs(mine, held, causal=causal):
+                p = torch.exp(scores(qs[a], ks[b], diagonal) - lses[a].unsqueeze(-1))  # the final softmax
+                dvs[b].add_(p.transpose(-2, -1) @ dos[a])
+                ds = p * (dos[a] @ vs[b].transpose(-2, -1) - deltas[a].unsqueeze(-1)) / math.sqrt(q.shape[-1])
+                dqs[a].add_(ds @ ks[b])
+                dks[b].add_(ds.transpose(-2, -1) @ qs[a])
+            wait(works)
+            if step < n - 1:
+                kv = incoming
+            if n > 1:  # this block's gradient follows it to the next rank (after the last step: home)
+                dkv, works = ring_shift(dkv, group)
+                wait(works)
+        return dq, dkv[0], dkv[1], None, None, None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                   group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Attention of this rank's contiguous sequence shard ``(batch, heads, seq/N, head_dim)`` with the
+    whole sequence, the K/V blocks passed around ``group``'s ring; differentiable.
+
+    Equals ``scaled_dot_product_attention(q, k, v, is_causal=causal)`` on the full sequence,
+    cut to this rank's rows (``shard_sequence``).
+    """
+    return RingAttention.apply(q, k, v, causal, group, "contiguous")
+
+
+def shard_sequence(x: torch.Tensor, rank: int, world_size: int, layout: str = "contiguous",
+                   dim: int = 2) -> torch.Tensor:
+    """Rank ``rank``'s part of the whole sequence ``x`` along ``dim``, its chunks in ``chunk_ids`` order."""
+    ids = chunk_ids(rank, world_size, layout)
+    total = world_size * len(ids)
+    if x.shape[dim] % total:
+        raise ValueError(f"a sequence of {x.shape[dim]} does not split into {total} equal chunks")
+    pieces = x.chunk(total, dim=dim)
+    return torch.cat([pieces[i] for i in ids], dim=dim)
+
+
+def unshard_sequence(parts: list[torch.Tensor], layout: str = "contiguous", dim: int = 2) -> torch.Tensor:
+    """The whole sequence back from every rank's part (``parts[r]`` is rank ``r``'s), in order."""
+    n = len(parts)
+    by_chunk = {}
+    for rank, part in enumerate(parts):
+        ids = chunk_ids(rank, n, layout)
+        by_chunk.update(zip(ids, part.chunk(len(ids), dim=dim)))
+    return torch.cat([by_chunk[i] for i in sorted(by_chunk)], dim=dim)
+
+
+def loss_weight(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The random ``w`` of the loss ``(out * w).sum()``: every query's gradient differs."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> dict:
+    """torch's ``scaled_dot_product_attention`` on the whole sequence in one process: the output, and
+    the gradients of ``(out * loss_weight).sum()``, the loss every rank's shard uses too."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    (out * loss_weight(out.shape, out.dtype)).sum().backward()
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def qkv_inputs(shape: tuple[int, int, int, int], dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    """The whole sequence's q, k, v ``(batch, heads, seq, head_dim)`` from ``seed``: every rank draws the same."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=gen, dtype=dtype) for _ in range(3)]
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """How far a sum taken in other blocks may land from SDPA's: 10 ulps of values of order 1."""
+    return {torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+
+
+def ring_case(rank: int, world_size: int, shape: tuple[int, int, int, int], *, causal: bool = False,
+              dtype: torch.dtype = torch.float32, layout: str = "contiguous") -> dict:
+    """Ring attention of this rank's shard, forward and backward of the loss ``reference_attention`` uses.
+
+    Returns this rank's output and q/k/v gradients (on the CPU) for the parent to stitch and compare.
+    """
+    device = rank_device()
+    full = qkv_inputs(shape, dtype)
+    q, k, v = (shard_sequence(t, rank, world_size, layout).to(device).requires_grad_() for t in full)
+    out = RingAttention.apply(q, k, v, causal, None, layout)
+    w = loss_weight(shape, dtype)  # the same loss as the one process's: (out * w).sum()
+    (out * shard_sequence(w, rank, world_size, layout).to(device)).sum().backward()
+    return {"rank": rank, "out": out.detach().cpu(), "dq": q.grad.cpu(), "dk": k.grad.cpu(), "dv": v.grad.cpu()}
+
+
+def ring_worker(rank: int, world_size: int, cases: list[dict]) -> list[dict]:
+    """``ring_case`` for each of ``cases`` (its keyword arguments: ``shape``, ``causal``, ``dtype``,
+    ``layout``), in one launch."""
+    return [ring_case(rank, world_size, **case) for case in cases]
+
+
+def compare(results: list[dict], full: list[torch.Tensor], *, causal: bool, layout: str = "contiguous") -> dict:
+    """The largest difference of the stitched outputs and gradients to SDPA on the whole sequence."""
+    want = reference_attention(*full, causal=causal)
+    return {key: (unshard_sequence([r[key] for r in results], layout) - want[key]).abs().max().item()
+            for key in ("out", "dq", "dk", "dv")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq", type=int, default=24, help="sequence length, a multiple of 2 x world size")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    shape = (2, 2, args.seq, 8)
+    with distributed() as (info, _):
+        for causal in (False, True):
+            result = ring_case(info.rank, info.world_size, shape, causal=causal, dtype=dtype)
+            results = [None] * info.world_size
+            dist.all_gather_object(results, result)
+            if info.is_main:
+                diff = compare(results, qkv_inputs(shape, dtype), causal=causal)
+                ok = max(diff.values()) < tolerance(dtype)
+                print(f"{'OK' if ok else 'FAILED'}: ring attention over {info.world_size} rank(s), causal={causal}, "
+                      f"{args.dtype}: output and q/k/v gradients equal SDPA on the whole sequence "
+                      f"(largest difference {max(diff.values()):.1e})")
+                if not ok:
+                    raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Lesson 19's exercise: ring attention's forward from point-to-point messages and the log-sum-exp merge.
+
+The reference is torch's ``scaled_dot_product_attention`` on the whole sequence, in one
+process, in float64: the checker draws the whole q, k, v from a seed on every rank and gives
+each rank its contiguous slice. Every message is recorded (``traced``): K/V only to the right
+neighbour and from the left one, ``N - 1`` hops' worth of elements; collectives are refused,
+so gathering the whole sequence is diagnosed, and so are the classic wrong merges.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.exercise import Exercise
+from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
+from ddp_tutorial.exercises.tracing import COLLECTIVES, SENDS, Trace, traced
+
+RING_ONLY = ("pass the K/V blocks around the ring with isend/irecv: gathering every rank's keys is the "
+             "memory ring attention exists to avoid")
+# (batch, heads, positions per rank, head_dim)
+SHAPES = [(1, 1, 2, 3), (2, 3, 3, 4), (1, 2, 1, 2)]
+
+
+def whole(shape: tuple[int, int, int, int], world_size: int, seed: int) -> list[torch.Tensor]:
+    b, h, s, d = shape
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, s * world_size, d, generator=gen, dtype=torch.float64) for _ in range(3)]
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
+def blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each rank's K/V block's (softmax-weighted values, log-sum-exp) for these queries."""
+    out = []
+    for kb, vb in zip(k.chunk(n, dim=2), v.chunk(n, dim=2)):
+        s = q @ kb.transpose(-2, -1) / q.shape[-1] ** 0.5
+        lse = torch.logsumexp(s, dim=-1)
+        out.append((torch.exp(s - lse.unsqueeze(-1)) @ vb, lse))
+    return out
+
+
+def explain(got: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, n: int) -> str | None:
+    """None if ``got`` is this rank's rows of SDPA on the whole sequence; else what it is instead."""
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    if not isinstance(got, torch.Tensor):
+        return f"returned {type(got).__name__}, not the output tensor"
+    got = got.detach().cpu()
+    if got.shape != want.shape:
+        return f"the output has shape {tuple(got.shape)}, expected {tuple(want.shape)}: the same as q"
+    if close(got, want):
+        return None
+    parts = blocks(q, k, v, n)
+    if n > 1 and close(got, parts[rank][0]):
+        return ("the output is attention over this rank's own keys only: the other ranks' K/V blocks never "
+                "arrived, or were not merged in (N - 1 hops around the ring)")
+    if n > 1 and close(got, sum(o for o, _ in parts) / n):
+        return ("the output is the plain mean of the blocks' outputs: each block must count by its share of "
+                "the softmax's mass, exp(lse_b - lse) with lse = logaddexp over the blocks")
+    if n > 1 and close(got, sum(o for o, _ in parts)):
+        return ("the output is the sum of the blocks' outputs, each normalised over its own keys: rescale "
+                "each by exp(lse_b - lse), where lse is the log-sum-exp over all blocks")
+    diff = (got - want).abs()
+    return (f"the output differs from SDPA on the whole sequence by up to {diff.max().item():.3g}; is each "
+            "block's lse = logsumexp(q k^T / sqrt(d)) and the running output rescaled when lse grows?")
+
+
+def messages(trace: Trace, rank: int, n: int, numel: int) -> str | None:
+    """K/V to the right neighbour only, from the left one only, ``2 (N - 1)`` blocks' elements in all."""
+    right, left = (rank + 1) % n, (rank - 1) % n
+    sent = 0
+    for call in trace.calls:
+        sending = call.kind in SENDS
+        if call.peer != (right if sending else left):
+            return (f"it called {call.kind} {'to' if sending else 'from'} rank {call.peer}: in the ring rank "
+                    f"{rank} sends only to {right} and receives only from {left}")
+        sent += call.numel if sending else 0
+    if sent != 2 * (n - 1) * numel:
+        return (f"the output is right, but rank {rank} sent {sent} elements; the ring needs N - 1 = {n - 1} "
+                f"hops of one K and one V block ({2 * (n - 1) * numel} elements): the last block is not sent "
+                "on, and q never travels")
+    return None
+
+
+def ring_attention_forward_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
+    """Each shape in ``SHAPES`` against SDPA on the whole sequence; only ring messages allowed."""
+    with traced(rank, trace_dir, forbid=COLLECTIVES, reason=RING_ONLY) as trace:
+        fn = load_function(source, function, refuse=("ddp_tutorial.context_parallel",))
+
+        def case(shape: tuple[int, int, int, int], seed: int) -> str | None:
+            q, k, v = whole(shape, world_size, seed)
+            mine = [t.chunk(world_size, dim=2)[rank] for t in (q, k, v)]
+            args = [t.clone().to(rank_device()) for t in mine]
+            got = fn(*args)
+            wrong = explain(got, mine[0], k, v, rank, world_size)
+            if wrong:
+                return wrong
+            if not all(torch.equal(a.cpu(), m) for a, m in zip(args, mine)):
+                return "the output is right, but q, k or v was changed: leave the arguments as they are"
+            return messages(trace, rank, world_size, mine[1].numel())
+
+        cases: list[Case] = [(f"q, k, v of shape {shape} per rank", lambda s=shape, i=i: case(s, i))
+                             for i, shape in enumerate(SHAPES)]
+        return run_cases(trace, cases)
+
+
+EXERCISES = [
+    Exercise(
+        name="ring_attention_forward", number="19.1", lesson=19, notebook="19_long_sequences.ipynb",
+        title="ring attention's forward: K/V around the ring, the log-sum-exp merge", level="hard",
+        task=("Compute attention of this rank's slice of the sequence with the whole sequence's keys, "
+              "passing the K/V blocks around the ring (N - 1 hops) and merging each block's result into "
+              "the running one with the log-sum-exp rule."),
+        hint=("Per hop: post an isend of the block you hold to rank + 1 and an irecv from rank - 1, compute "
+              "with the block you hold, then wait; the block that arrived is the one you compute with next."),
+        more_hints=("A block's result is the softmax over its keys only. Keep its log-sum-exp per query too: it "
+                    "says how much of the whole softmax's mass that block holds, and lets the running output "
+                    "be rescaled when a later block brings more.",
+                    "s = q @ k_b.transpose(-2, -1) / sqrt(d); lse_b = logsumexp(s, -1); "
+                    "o_b = exp(s - lse_b) @ v_b. Start with out = 0 and lse = -inf; new = logaddexp(lse, lse_b); "
+                    "out = out * exp(lse - new) + o_b * exp(lse_b - new); lse = new."),
+        checks=("three shapes in float64 (one position per rank among them), compared with "
+                "scaled_dot_product_attention on the whole sequence in one process; messages only to the "
+                "right neighbour and from the left one, N - 1 hops of one K and one V block; collectives "
+                "refused; the arguments unchanged; ddp_tutorial.context_parallel is refused"),
+        worker=ring_attention_forward_worker),
+]
