@@ -28,7 +28,7 @@ from ddp_tutorial.pipeline_parallel.orders import Event, gpipe_order, one_f_one_
 from ddp_tutorial.pipeline_parallel.pipeline_grid import mlp_stages
 
 __all__ = ["ORDERS", "WIDTH", "OUT_FEATURES", "Recorder", "build_layers", "stage_module", "one_process",
-           "max_difference", "run_order", "hand_worker"]
+           "global_grads", "max_difference", "run_order", "hand_worker"]
 
 ORDERS = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
 WIDTH, OUT_FEATURES = 8, 4  # every hidden layer 8 wide: any cut between layers passes 8 numbers per row

@@ -25,11 +25,19 @@ from torch.distributed import pipelining
 
 from ddp_tutorial.env import distributed, rank_device, rank_info
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
-from ddp_tutorial.pipeline_parallel.one_f_one_b import (OUT_FEATURES, WIDTH, Recorder, build_layers, global_grads,
-                                                        max_difference, one_process, stage_module)
+from ddp_tutorial.pipeline_parallel.one_f_one_b import (
+    OUT_FEATURES,
+    WIDTH,
+    Recorder,
+    build_layers,
+    global_grads,
+    max_difference,
+    one_process,
+    stage_module,
+)
 from ddp_tutorial.pipeline_parallel.orders import peak_in_flight
 
-__all__ = ["SCHEDULES", "ZERO_BUBBLE", "stage_indices", "stage_delays", "record_stage", "schedule_worker"]
+__all__ = ["SCHEDULES", "ZERO_BUBBLE", "runs_here", "stage_indices", "stage_delays", "record_stage", "same_dtype_handshake", "schedule_worker"]
 
 # name -> (torch's class, stages per rank, placement): the whole model has 2 layers per rank,
 # one stage of 2 layers per rank, or 2 stages of one layer each.
@@ -42,6 +50,17 @@ SCHEDULES = {
 }
 
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")  # backward split into B (input) and W (weights)
+
+
+def runs_here(schedule: str, backend: str, version: str = torch.__version__) -> bool:
+    """False where ``schedule`` is known to fail: ``ScheduleZBVZeroBubble`` on torch 2.9's gloo.
+
+    2.9 runs the V through its older multi-stage loop, which sends a stage's output to the
+    next stage even when both sit on one rank; gloo cannot send to itself ("Pair is not
+    connected"). The newest torch (2.15) runs it through the action runtime, which hands the
+    tensor over in memory; the releases in between are not checked here.
+    """
+    return not (schedule == "ZBVZeroBubble" and backend == "gloo" and version.startswith("2.9."))
 
 
 def stage_delays(schedule: str, delays: dict[str, float] | None) -> dict[str, float] | None:
@@ -82,15 +101,39 @@ def record_stage(stage: pipelining.PipelineStage, recorder: Recorder) -> None:
     timed("backward_weight_one_chunk", lambda kwargs: "W")
 
 
+def same_dtype_handshake(stage: pipelining.PipelineStage) -> None:
+    """torch 2.9 only: make the stage's first-step handshake send the float32 its neighbour receives.
+
+    2.9 opens each link with an int64 scalar sent into a one-element float32 buffer; NCCL lets it
+    pass, gloo aborts the process ("Received data size doesn't match expected size. 8 vs 4"), so
+    every schedule of 2.9 dies on a CPU. Fixed in torch 2.10 (pytorch#165539). With the V placement
+    2.9 also opens a link from the middle rank to itself, which gloo refuses ("Pair is not
+    connected"): those handshakes are dropped (the stages on one rank pass tensors in memory).
+    """
+    original = stage._get_init_p2p_neighbors_ops
+
+    def ops() -> list[dist.P2POp]:
+        fixed = [op for op in original() if op.group_peer != stage.group_rank]  # the V's turn: no self-sends
+        for op in fixed:
+            if op.op is dist.isend:
+                op.tensor = torch.zeros(1, device=op.tensor.device)
+        return fixed
+    stage._get_init_p2p_neighbors_ops = ops
+
+
 def schedule_worker(rank: int, world_size: int, schedule: str = "1F1B", num_micro: int = 4,
                     micro_rows: int = 2, seed: int = 0, delays: dict[str, float] | None = None) -> dict:
     """Run ``schedule`` on ``world_size`` ranks over ``num_micro`` micro-batches, the second step timed.
 
+    Raises ``RuntimeError`` up front where ``runs_here`` says the schedule fails (no hang, no abort).
     The first step builds the stages' buffers (shapes are inferred from the first micro-batch);
     its gradients are zeroed. Returns the rank's stages, timeline, peak of micro-batches held,
     the global loss (the rank with the last stage) and its gradients under the whole model's names.
     """
     cls_name, per_rank, placement = SCHEDULES[schedule]
+    if not runs_here(schedule, dist.get_backend()):
+        raise RuntimeError(f"{cls_name} fails on torch {torch.__version__} with {dist.get_backend()} "
+                           "(see torch_schedules.runs_here); the newest torch runs it")
     device = rank_device()
     num_stages = per_rank * world_size
     layers = build_layers(2 * world_size, seed)
@@ -106,6 +149,8 @@ def schedule_worker(rank: int, world_size: int, schedule: str = "1F1B", num_micr
     recorder = Recorder(rank, stage_delays(schedule, delays), device)
     for stage in stages:
         record_stage(stage, recorder)
+        if torch.__version__.startswith("2.9."):
+            same_dtype_handshake(stage)
     for step in range(2):  # step 0 sets the stages up; step 1 is the one recorded and compared
         for module, _ in modules.values():
             module.zero_grad()
@@ -128,6 +173,10 @@ def main() -> None:
     info = rank_info(module="ddp_tutorial.pipeline_parallel.torch_schedules")
     with distributed():
         for name in args.schedules:
+            if not runs_here(name, dist.get_backend()):
+                if info.is_main:
+                    print(f"{name}: skipped, it fails on torch {torch.__version__} with {dist.get_backend()}")
+                continue
             result = schedule_worker(info.rank, info.world_size, name, args.num_micro)
             gathered = [None] * info.world_size
             dist.all_gather_object(gathered, result)

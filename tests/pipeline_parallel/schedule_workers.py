@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ddp_tutorial.pipeline_parallel.one_f_one_b import hand_worker
-from ddp_tutorial.pipeline_parallel.torch_schedules import SCHEDULES, schedule_worker
+from ddp_tutorial.pipeline_parallel.torch_schedules import SCHEDULES, runs_here, schedule_worker
 
 
 def every_schedule(rank: int, world_size: int, num_micro: int = 4) -> dict:
@@ -13,6 +13,7 @@ def every_schedule(rank: int, world_size: int, num_micro: int = 4) -> dict:
     results = {name: hand_worker(rank, world_size, name, num_micro) for name in ("gpipe", "1f1b")}
     for name in results:
         results[name]["stages"] = [rank]
-    results.update({name: schedule_worker(rank, world_size, name, num_micro) for name in SCHEDULES})
+    results.update({name: schedule_worker(rank, world_size, name, num_micro) for name in SCHEDULES
+                    if runs_here(name, dist.get_backend())})
     dist.barrier()
     return results
