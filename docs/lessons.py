@@ -67,6 +67,9 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
     "15_cluster": (python("cluster.jobs", "list", comment="the Slurm job scripts and what each does"),
                    python("cluster.jobs", "show multi_node.sbatch", comment="print one: copy it, then sbatch it"),
                    Command("cluster.elastic", "--epochs 2", comment="training under @record; --raise-on-rank 1 fails on purpose")),
+    "18_pipeline_schedules": (Command("pipeline_parallel.one_f_one_b", nproc=4, comment="1F1B from scratch, 4 stages"),
+                              Command("pipeline_parallel.torch_schedules", comment="torch's five schedules, each vs one process"),
+                              python("bench", "pipeline --schedules", comment="bubble and peak of each schedule, p 2 and 4")),
 }
 
 
