@@ -16,7 +16,9 @@ ran: the timeline is the run's own. Every schedule is checked against one proces
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from functools import wraps
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -87,11 +89,11 @@ def record_stage(stage: pipelining.PipelineStage, recorder: Recorder) -> None:
     """Wrap the stage's three compute calls so that each is timed in ``recorder`` (F, B, W)."""
     index = stage.stage_index
 
-    def timed(name: str, kind_of) -> None:  # noqa: ANN001  (kind_of: the call's kwargs -> "F"/"B"/"W")
+    def timed(name: str, kind_of: Callable[[dict], str]) -> None:  # kind_of: the call's kwargs -> F, B or W
         original = getattr(stage, name)
 
         @wraps(original)
-        def call(chunk: int, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        def call(chunk: int, *args: Any, **kwargs: Any) -> Any:
             with recorder.action(index, kind_of(kwargs), chunk):
                 return original(chunk, *args, **kwargs)
         setattr(stage, name, call)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
-from ddp_tutorial.exercises.tracing import original, traced
+from ddp_tutorial.exercises.tracing import Trace, original, traced
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
 from ddp_tutorial.pipeline_parallel.one_f_one_b import (
     OUT_FEATURES,
@@ -99,7 +99,7 @@ def one_f_one_b_order_worker(rank: int, world_size: int, source: str, function: 
             problem = on_paper(orders, num_micro)
             return problem or run_for_real(order, num_micro, trace)
 
-        def run_for_real(order: list[str], num_micro: int, trace) -> str | None:  # noqa: ANN001
+        def run_for_real(order: list[str], num_micro: int, trace: Trace) -> str | None:
             device = rank_device()
             module, first = stage_module(build_layers(2 * world_size), rank, world_size)
             x, y = toy_batch(0, num_micro * ROWS, 0, WIDTH, OUT_FEATURES)
