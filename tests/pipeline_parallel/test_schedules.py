@@ -147,3 +147,16 @@ def test_every_schedule_equals_one_process_with_its_timeline_and_peaks(world_siz
 def test_only_torch_2_9_gloo_skips_a_schedule():
     assert [n for n in SCHEDULES if not runs_here(n, "gloo", "2.9.1")] == ["ZBVZeroBubble"]
     assert all(runs_here(n, "gloo", "2.15.0") and runs_here(n, "nccl", "2.9.1") for n in SCHEDULES)
+
+
+def test_plot_schedule_draws_a_box_per_action_and_a_lane_per_rank():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ddp_tutorial.plots import plot_schedule
+
+    events = simulate(_orders(one_f_one_b_order, 3, 4))
+    ax = plot_schedule(events, unit="steps", title="1F1B")
+    assert sum(len(c.get_paths()) for c in ax.collections) == len(events) == 3 * 2 * 4
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1", "rank 2"]
+    assert ax.get_xlim()[1] >= max(e[5] for e in events)
