@@ -184,8 +184,9 @@ def main() -> None:
             dist.all_gather_object(gathered, result)
             if info.is_main:
                 diff = max_difference(gathered, one_process(2 * info.world_size, 2 * args.num_micro))
-                peaks = [r["peak"] for r in gathered]
-                print(f"{name:22s} stages by rank {[r['stages'] for r in gathered]}, peak held {peaks}, "
+                peaks = [r["peak"] / SCHEDULES[name][1] for r in gathered]  # a stage of v per rank holds 1/v
+                print(f"{name:22s} stages by rank {[r['stages'] for r in gathered]}, peak held (whole-rank "
+                      f"micro-batches) {peaks}, "
                       f"equals one process (1e-12): {max(diff.values()) < 1e-12}")
 
 
