@@ -55,14 +55,15 @@ ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")  # backward split into 
 
 
 def runs_here(schedule: str, backend: str, version: str = torch.__version__) -> bool:
-    """False where ``schedule`` is known to fail: ``ScheduleZBVZeroBubble`` on torch 2.9's gloo.
+    """False where ``schedule`` is known to fail: ``ScheduleZBVZeroBubble`` on gloo before torch 2.15.
 
-    2.9 runs the V through its older multi-stage loop, which sends a stage's output to the
-    next stage even when both sit on one rank; gloo cannot send to itself ("Pair is not
-    connected"). The newest torch (2.15) runs it through the action runtime, which hands the
-    tensor over in memory; the releases in between are not checked here.
+    2.9 and 2.10 run the V through their older multi-stage loop, which sends a stage's output
+    to the next stage even when both sit on one rank; gloo cannot send to itself ("Pair is not
+    connected"). 2.15 runs it through the action runtime, which hands the tensor over in memory.
+    2.9, 2.10 and 2.15 were tried; the releases between are treated as failing until tried.
     """
-    return not (schedule == "ZBVZeroBubble" and backend == "gloo" and version.startswith("2.9."))
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return not (schedule == "ZBVZeroBubble" and backend == "gloo" and (major, minor) < (2, 15))
 
 
 def stage_delays(schedule: str, delays: dict[str, float] | None) -> dict[str, float] | None:
