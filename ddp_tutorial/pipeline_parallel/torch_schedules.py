@@ -55,15 +55,15 @@ ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")  # backward split into 
 
 
 def runs_here(schedule: str, backend: str, version: str = torch.__version__) -> bool:
-    """False where ``schedule`` is known to fail: ``ScheduleZBVZeroBubble`` on gloo before torch 2.15.
+    """False where ``schedule`` is known to fail: ``ScheduleZBVZeroBubble`` on gloo before torch 2.14.
 
     2.9 and 2.10 run the V through their older multi-stage loop, which sends a stage's output
     to the next stage even when both sit on one rank; gloo cannot send to itself ("Pair is not
-    connected"). 2.15 runs it through the action runtime, which hands the tensor over in memory.
-    2.9, 2.10 and 2.15 were tried; the releases between are treated as failing until tried.
+    connected"). 2.14 and 2.15 run it through the action runtime, which hands the tensor over in
+    memory. 2.9, 2.10, 2.14 and 2.15 were tried; 2.11-2.13 are treated as failing until tried.
     """
     major, minor = (int(part) for part in version.split(".")[:2])
-    return not (schedule == "ZBVZeroBubble" and backend == "gloo" and (major, minor) < (2, 15))
+    return not (schedule == "ZBVZeroBubble" and backend == "gloo" and (major, minor) < (2, 14))
 
 
 def stage_delays(schedule: str, delays: dict[str, float] | None) -> dict[str, float] | None:
