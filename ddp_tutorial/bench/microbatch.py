@@ -1,9 +1,15 @@
-"""``bench pipeline``: a model split over two stages, naive versus cut into micro-batches.
+"""``bench pipeline``: a model split over two stages, naive versus cut into micro-batches; ``--schedules``:
+every pipeline schedule's bubble and activations held (``18_pipeline_schedules``).
 
 The forward of ``ToyMpModel(width, width, width)`` on a batch, with each stage in
 its own thread (one torch thread each on the CPU, one GPU each with
 ``--device cuda`` and two GPUs). Reports the wall time, the measured idle share
 of the stages and the ideal bubble ``(S - 1) / (M + S - 1)`` (``09_model_parallel_ddp``).
+
+With ``--schedules`` it runs lesson 18's hand-written 1F1B and torch's five schedules on p = 2
+and 4 ranks and m = 4 and 8 micro-batches, each action a fixed sleep (equal stage times), and
+reports the measured idle share next to ``(p - 1) / (v m + p - 1)`` and the peak of micro-batches
+a rank held (in whole-rank micro-batches: a rank of ``v`` stages counts each ``1 / v``).
 """
 
 from __future__ import annotations
@@ -14,8 +20,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from ddp_tutorial.bench.common import Result
+from ddp_tutorial.launch import spawn
 from ddp_tutorial.pipeline_parallel.model_parallel import ToyMpModel
+from ddp_tutorial.pipeline_parallel.one_f_one_b import hand_worker
+from ddp_tutorial.pipeline_parallel.orders import bubble_fraction as schedule_bubble
+from ddp_tutorial.pipeline_parallel.orders import idle_fraction as schedule_idle
 from ddp_tutorial.pipeline_parallel.pipeline import bubble_fraction, measure_pipeline
+from ddp_tutorial.pipeline_parallel.torch_schedules import SCHEDULES, ZERO_BUBBLE, runs_here, schedule_worker
 
 if TYPE_CHECKING:  # matplotlib is imported only when a plot is drawn
     from matplotlib.axes import Axes
@@ -31,9 +42,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda puts the stages on cuda:0 and cuda:1")
+    parser.add_argument("--schedules", action="store_true",
+                        help="instead: every pipeline schedule's bubble and peak for p in {2, 4}, m in {4, 8}")
+    parser.add_argument("--forward-ms", type=float, default=20.0,
+                        help="--schedules: a rank's forward of one micro-batch (a sleep); its backward takes twice that")
+
+
+def run_schedules(args: argparse.Namespace) -> Result:
+    """Each schedule on p = 2, 4 ranks and m = 4, 8 micro-batches: measured idle share and peaks."""
+    delays = {"F": args.forward_ms / 1e3, "B": 2 * args.forward_ms / 1e3}
+    rows = []
+    for p in (2, 4):
+        for m in (4, 8):
+            names = ["1F1B (hand)"] + [n for n in SCHEDULES if runs_here(n, "gloo")]
+            for name in names:
+                if name == "1F1B (hand)":
+                    results, v = spawn(hand_worker, p, args=("1f1b", m, 2, 0, delays), timeout=300, quiet=True), 1
+                else:
+                    results, v = spawn(schedule_worker, p, args=(name, m, 2, 0, delays), timeout=300, quiet=True), SCHEDULES[name][1]
+                idle = schedule_idle([e for r in results for e in r["events"]])
+                rows.append({"schedule": name, "p": p, "m": m, "v": v, "idle": idle, "formula": schedule_bubble(p, m, v),
+                             "peak_rank0": results[0]["peak"] / v, "peak_last": results[-1]["peak"] / v})
+    gaps = [abs(r["idle"] - r["formula"]) for r in rows if r["schedule"] not in ZERO_BUBBLE]
+    return Result(
+        name=f"pipeline schedules: idle share and activations held (F {args.forward_ms:g} ms, B twice, as sleeps)",
+        columns=["schedule", "p", "m", "v", "idle", "formula", "peak_rank0", "peak_last"],
+        rows=rows,
+        ratios={"largest |idle - formula| (GPipe, 1F1B, interleaved)": max(gaps)},
+        notes=["formula: (p - 1) / (v m + p - 1); the zero-bubble schedules fill part of it with W (their target is lower)",
+               "peaks in whole-rank micro-batches: GPipe m, 1F1B p on rank 0 and 1 on the last rank"],
+    )
 
 
 def run(args: argparse.Namespace) -> Result:
+    if args.schedules:
+        return run_schedules(args)
     devices = ("cuda:0", "cuda:1") if args.device == "cuda" else ("cpu", "cpu")
     torch.manual_seed(0)
     model = ToyMpModel(*devices, args.width, args.width, args.width)
@@ -64,6 +107,14 @@ def run(args: argparse.Namespace) -> Result:
 
 
 def plot(result: Result, ax: Axes) -> None:
+    if "schedule" in result.columns:
+        labels = [f"{r['schedule']} p{r['p']} m{r['m']}" for r in result.rows]
+        ax.barh(labels, [r["idle"] for r in result.rows], label="measured idle")
+        ax.plot([r["formula"] for r in result.rows], labels, "k|", markersize=12, label="(p-1)/(v m+p-1)")
+        ax.set_xlabel("idle share of ranks x time")
+        ax.set_title("pipeline schedules")
+        ax.legend()
+        return
     m = [r["micro_batches"] for r in result.rows]
     ax.plot(m, [r["speedup"] for r in result.rows], "o-", label="measured")
     ax.plot(m, [2 * k / (k + 1) for k in m], "--", label="ideal 2M/(M+1)")
