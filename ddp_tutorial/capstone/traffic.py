@@ -86,12 +86,29 @@ class GroupRecorder(TorchDispatchMode):
         """Each mesh dimension's process-group name -> the dimension's name."""
         return {mesh[d].get_group().group_name: d for d in mesh.mesh_dim_names}
 
+    def label(self, name: str) -> str:
+        """The dimension of the group called ``name``; a group of the same ranks counts as the same.
+
+        A second mesh over the same ranks may hand DTensor a group created for an earlier one
+        (torch reuses groups of equal ranks), whose name this mesh does not list.
+        """
+        if name not in self.groups:
+            import torch.distributed as dist
+            from torch.distributed.distributed_c10d import _resolve_process_group  # no public name->group
+
+            ranks = dist.get_process_group_ranks(_resolve_process_group(name))
+            same = [d for n, d in self.groups.items()
+                    if dist.get_process_group_ranks(_resolve_process_group(n)) == ranks]
+            self.groups[name] = same[0] if len(ranks) > 1 and len(same) == 1 else "other"
+        return self.groups[name]
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind = op_kind(func._schema.name)
         if kind is not None:
             values = list(args) + list((kwargs or {}).values())
-            names = [n for n in map(_group_name, values) if n in self.groups]
-            self.counts[(self.groups[names[0]] if names else "other", kind)] += 1
+            names = [n for n in map(_group_name, values) if n is not None]
+            # The group comes last: a functional collective's reduce op ("sum") is a string before it.
+            self.counts[(self.label(names[-1]) if names else "other", kind)] += 1
         return func(*args, **(kwargs or {}))
 
 
