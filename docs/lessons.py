@@ -70,7 +70,9 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
     "21_capstone": (python("capstone.reference", comment="the one-process run every layout must equal: loss curve"),
                     python("capstone.layout", "--dp 2 --tp 2 --pp 2", comment="each rank's coordinates and groups"),
                     Command("capstone.composed", "--dp 2 --tp 2 --pp 2", nproc=8,
-                            comment="dp x tp x pp on 8 ranks, checked against one process")),
+                            comment="dp x tp x pp on 8 ranks, checked against one process"),
+                    Command("capstone.traffic", "--dp 2 --tp 2 --pp 2", nproc=8,
+                            comment="each group's collectives per step and each rank's bytes")),
 }
 
 

@@ -3,7 +3,7 @@
 Functions take an ``ax`` (or create a figure) and return it; they never call
 ``plt.show()``. ``comm``: collectives, the ring, bandwidth (lessons 02-05, 07);
 ``timelines``: overlap, bucket sweeps, pipelines (07, 09); ``sharding``: bytes per rank
-(13); ``meshes``: which rank holds which block of a tensor (14).
+(13); ``meshes``: which rank holds which block of a tensor (14), each rank's mesh coordinates (21).
 """
 
 from ddp_tutorial.plots.comm import (
@@ -14,7 +14,7 @@ from ddp_tutorial.plots.comm import (
                                      plot_subgroups,
                                      plot_token_ring,
 )
-from ddp_tutorial.plots.meshes import plot_tensor_blocks
+from ddp_tutorial.plots.meshes import plot_rank_grid, plot_tensor_blocks
 from ddp_tutorial.plots.sharding import plot_bytes_per_rank
 from ddp_tutorial.plots.timelines import (
                                      plot_bucket_sweep,
@@ -27,4 +27,4 @@ from ddp_tutorial.plots.timelines import (
 
 __all__ = ["plot_collective", "plot_ring_steps", "plot_busbw", "plot_subgroups", "plot_token_ring",
            "plot_allreduce_fit", "plot_overlap_timeline", "plot_bucket_sweep", "plot_exposed", "plot_link_steps", "plot_pipeline_timeline",
-           "plot_stage_grid", "plot_bytes_per_rank", "plot_tensor_blocks"]
+           "plot_stage_grid", "plot_bytes_per_rank", "plot_tensor_blocks", "plot_rank_grid"]
