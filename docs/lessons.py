@@ -72,7 +72,9 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                     Command("capstone.composed", "--dp 2 --tp 2 --pp 2", nproc=8,
                             comment="dp x tp x pp on 8 ranks, checked against one process"),
                     Command("capstone.traffic", "--dp 2 --tp 2 --pp 2", nproc=8,
-                            comment="each group's collectives per step and each rank's bytes")),
+                            comment="each group's collectives per step and each rank's bytes"),
+                    Command("capstone.resume", "--save-layout dp=2,tp=2 --load-layout tp=2,pp=2", nproc=4,
+                            comment="DCP: saved under one layout, resumed under another")),
 }
 
 
