@@ -18,17 +18,20 @@ counted.
 from __future__ import annotations
 
 import argparse
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ddp_tutorial.capstone.layout import Layout
+
 if TYPE_CHECKING:
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["COLLECTIVE_NAMESPACES", "GroupRecorder", "op_kind", "shard_bytes", "traffic_worker", "traffic_runs", "main"]
+__all__ = ["COLLECTIVE_NAMESPACES", "GroupRecorder", "op_kind", "shard_bytes", "traffic_worker", "traffic_runs", "layout_row", "main"]
 
 # The dispatcher namespaces of collectives: torch.distributed's calls, and the functional
 # collectives DTensor uses (their Python-side aliases included).
@@ -140,11 +143,25 @@ def traffic_worker(rank: int, world_size: int, layout: dict, run: dict | None = 
     parts = build(world_size, layout, GPTRun(**(run or {})))
     train_steps(parts, range(1))  # the first step also initialises (FSDP2's lazy init): not a typical step
     recorder = GroupRecorder(GroupRecorder.dims_of(parts.mesh))
+    dist.barrier()  # every rank starts the timed step together
+    start = time.perf_counter()
     with recorder:
         train_steps(parts, range(1, 2))
+    seconds = time.perf_counter() - start  # shown, never asserted: it depends on the machine
     held = shard_bytes(parts.model, parts.optimizer)
     dist.barrier()
-    return {"rank": rank, "counts": dict(recorder.counts), "bytes": held}
+    return {"rank": rank, "counts": dict(recorder.counts), "bytes": held, "seconds": seconds}
+
+
+def layout_row(layout: dict, ranks: list[dict]) -> dict:
+    """One line of the layouts' table from every rank's ``traffic_worker`` result: the most bytes any
+    rank holds, the collectives all ranks issue per step (by dimension), the slowest rank's step."""
+    per_dim: Counter = Counter()
+    for facts in ranks:
+        for (dim, _), n in facts["counts"].items():
+            per_dim[dim] += n
+    return {"layout": str(Layout(**layout)), "max bytes/rank": max(sum(f["bytes"].values()) for f in ranks),
+            "collectives/step": dict(sorted(per_dim.items())), "step s": max(f["seconds"] for f in ranks)}
 
 
 def traffic_runs(rank: int, world_size: int, layouts: list[dict]) -> list[dict]:

@@ -29,8 +29,11 @@ def expected_counts(rank: int, layout: Layout, run: GPTRun) -> dict:
         # backward; the embedding one reduce-scatter, the head one gather in and one of the logits.
         out[("tp", "all_gather")] = m * (4 * blocks + first + 2 * last)
         out[("tp", "reduce_scatter")] = m * (4 * blocks + first + last)
-        if layout.pp == 1:  # the norms' replicated weights and biases: their gradients summed
-            out[("tp", "all_reduce")] = 4 * blocks + 2
+        # The norms' replicated weights and biases (2 norms a block, the final one on the last
+        # stage): their gradients summed once per step. Pipelined without dp, torch issues none
+        # that the dispatcher sees (measured on torch 2.15; the weights still equal one process).
+        if layout.pp == 1 or layout.dp > 1:
+            out[("tp", "all_reduce")] = 4 * blocks + 2 * last
     if layout.dp > 1:
         units = blocks + (first or last)  # every block, and the root where it holds weights
         out[("dp", "reduce_scatter")] = units  # once per step, after the last microbatch
