@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ddp_tutorial.capstone.composed import Parts, build, gather_weights, global_losses, train_steps
 from ddp_tutorial.capstone.reference import GPTRun
 
-__all__ = ["save_worker", "resume_worker", "parse_layout", "main"]
+__all__ = ["save_worker", "resume_worker", "save_and_resume", "parse_layout", "main"]
 
 
 def _state(parts: Parts) -> dict:
@@ -61,6 +61,16 @@ def resume_worker(rank: int, world_size: int, layout: dict, path: str, *, start:
     return {"losses": losses, "state": weights} if rank == 0 else None
 
 
+def save_and_resume(rank: int, world_size: int, saved: dict, resumed: dict, path: str, *,
+                    steps: int = 2) -> dict | None:
+    """``save_worker`` on layout ``saved``, then ``resume_worker`` on layout ``resumed``, in one launch;
+    rank 0 returns the losses before and after the checkpoint and the final whole weights."""
+    before = save_worker(rank, world_size, saved, path, steps)
+    after = resume_worker(rank, world_size, resumed, path, start=steps, steps=steps)
+    dist.barrier()  # no rank removes or rewrites the checkpoint while another still reads it
+    return {"losses": before + after["losses"], "state": after["state"]} if rank == 0 else None
+
+
 def parse_layout(text: str) -> dict:
     """``"dp=2,tp=2"`` -> ``{"dp": 2, "tp": 2}``."""
     return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
@@ -80,14 +90,13 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             names = [scratch]
             dist.broadcast_object_list(names, src=0)  # one directory: rank 0's (one machine)
-            before = save_worker(info.rank, info.world_size, args.save_layout, names[0], args.steps)
-            after = resume_worker(info.rank, info.world_size, args.load_layout, names[0], start=args.steps,
-                                  steps=args.steps)
-            dist.barrier()  # rank 0 removes the directory only when every rank has read it
+            result = save_and_resume(info.rank, info.world_size, args.save_layout, args.load_layout, names[0],
+                                     steps=args.steps)
     if info.is_main:
         ref = train_one_process(GPTRun(), 2 * args.steps)
-        diff = compare({"losses": before + after["losses"], "state": after["state"]}, ref)
-        print("losses:", " ".join(f"{x:.4f}" for x in before), "| resumed:", " ".join(f"{x:.4f}" for x in after["losses"]))
+        diff = compare(result, ref)
+        losses = [f"{x:.4f}" for x in result["losses"]]
+        print("losses:", " ".join(losses[:args.steps]), "| resumed:", " ".join(losses[args.steps:]))
         ok = max(diff.values()) < TOLERANCE
         print(f"{'OK' if ok else 'FAILED'}: saved under {args.save_layout}, resumed under {args.load_layout}: "
               f"as if uninterrupted (within {TOLERANCE:g})")
