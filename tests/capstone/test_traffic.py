@@ -2,14 +2,17 @@
 
 The recorded counts are checked against counts derived from the layout and the parallelisation
 plans (blocks per stage, FSDP2 units, TP's gathers and reduce-scatters per block, microbatches),
-and the bytes against the one-process model's parameters; one 4-rank launch runs three layouts.
+and the bytes against the one-process model's parameters; one 4-rank launch runs three layouts,
+``make capstone-layouts`` every layout of 8 ranks.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from ddp_tutorial.capstone.layout import Layout, coordinates, microbatches_for
+from ddp_tutorial.capstone.layout import Layout, coordinates, layouts, microbatches_for
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt
 from ddp_tutorial.capstone.traffic import op_kind, traffic_runs
 from ddp_tutorial.launch import spawn
@@ -74,3 +77,13 @@ def test_bytes_per_rank_add_up_to_the_model(recorded, index):
     assert sum(h["parameters"] for h in held) == expected, str(layout)
     for h in held:  # Adam: two moments shaped like the shards, and one float32 step per tensor
         assert (h["optimizer"] - 2 * h["parameters"]) % 4 == 0 and 0 < h["optimizer"] - 2 * h["parameters"] < 200
+
+
+@pytest.mark.skipif(os.environ.get("DDP_TUTORIAL_ALL_LAYOUTS") != "1",
+                    reason="every layout of 8 ranks: make capstone-layouts (DDP_TUTORIAL_ALL_LAYOUTS=1)")
+def test_every_layout_of_8_ranks_runs_the_derived_collectives():
+    eight = [lay for lay in layouts(8, **GPTRun().model_limits()) if lay.world_size == 8 and lay.cp == 1]
+    results = spawn(traffic_runs, 8, args=([vars(lay) for lay in eight],), timeout=600)
+    for i, layout in enumerate(eight):
+        for rank in range(8):
+            assert results[rank][i]["counts"] == expected_counts(rank, layout, GPTRun()), (str(layout), rank)
