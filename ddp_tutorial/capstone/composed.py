@@ -21,8 +21,10 @@ waits for the ring attention of the sequence-parallelism lesson.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -79,10 +81,31 @@ def _train_step(model: nn.Module, schedule: ScheduleGPipe | None, optimizer: tor
         losses: list[torch.Tensor] = []
         last = stage == stages - 1
         args = (inputs,) if stage == 0 else ()
-        schedule.step(*args, target=targets if last else None, losses=losses if last else None)
+        with _p2p_init_workaround():
+            schedule.step(*args, target=targets if last else None, losses=losses if last else None)
         loss = torch.stack(losses).mean() if last else torch.zeros((), dtype=torch.float64)
     optimizer.step()
     return loss.detach().to(torch.float64).cpu()
+
+
+@contextlib.contextmanager
+def _p2p_init_workaround() -> Iterator[None]:
+    """torch 2.9 only: float64 as the default dtype while a schedule steps.
+
+    A schedule's first step greets its neighbours: each stage sends its index (int64, 8 bytes)
+    into a ``torch.zeros(1)`` of the default dtype (float32, 4 bytes); gloo aborts on the
+    mismatch ("8 vs 4"). torch 2.10 makes both float32 (pytorch#165539, issue #165143). With
+    float64 as the default both are 8 bytes; the runs here are float64, so nothing else changes.
+    """
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10):
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def gather_weights(model: nn.Module, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
@@ -144,7 +167,9 @@ def train_steps(parts: Parts, steps: range) -> list[torch.Tensor]:
         inputs, targets = char_batch(step, run.global_batch, run.seq, part=dp_rank, parts=parts.layout.dp,
                                      seed=run.seed)
         losses.append(_train_step(parts.model, parts.schedule, parts.optimizer,
-                                  batch=(inputs.to(parts.device), targets.to(parts.device)),
+                                  # contiguous: torch 2.9's stage checks the strides of its inputs
+                                  # too, and a window's slice of 17 columns has those of 17
+                                  batch=(inputs.to(parts.device).contiguous(), targets.to(parts.device)),
                                   stage=stage, stages=parts.layout.pp))
     return losses
 
