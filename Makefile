@@ -64,6 +64,7 @@ unit: $(STAMP)
 .PHONY: capstone-layouts
 capstone-layouts: $(STAMP)
 	DDP_TUTORIAL_ALL_LAYOUTS=1 $(PY) -m pytest --durations=5 tests/capstone/test_composed.py
+	DDP_TUTORIAL_ALL_LAYOUTS=1 $(PY) -m pytest tests/capstone/test_traffic.py
 
 nbval: $(STAMP)
 	$(PY) -m pytest $(XDIST) $(NBVAL) notebooks

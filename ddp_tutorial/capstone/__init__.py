@@ -11,4 +11,9 @@ The modules, in lesson order:
 - ``parallelize`` (21): pipeline stage, tensor + sequence parallelism, FSDP2, applied to the model
 - ``composed`` (21): the training on a ``pp x dp x tp`` mesh against the reference;
   ``torchrun --nproc-per-node=8 -m ddp_tutorial.capstone.composed --dp 2 --tp 2 --pp 2``
+- ``traffic`` (21): which group does what: each mesh dimension's collectives per step, counted,
+  and each rank's bytes of parameters, gradients and optimizer state from its real shards;
+  ``torchrun --nproc-per-node=8 -m ddp_tutorial.capstone.traffic --dp 2 --tp 2 --pp 2``
+- ``resume`` (21): saved with DCP under one layout, resumed under another, as if uninterrupted;
+  ``torchrun --nproc-per-node=4 -m ddp_tutorial.capstone.resume --save-layout dp=2,tp=2 --load-layout tp=2,pp=2``
 """

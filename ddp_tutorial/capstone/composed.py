@@ -21,9 +21,11 @@ waits for the ring attention of the sequence-parallelism lesson.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -39,7 +41,7 @@ if TYPE_CHECKING:  # imported where used: a learner's torch without these still 
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.pipelining import ScheduleGPipe
 
-__all__ = ["TOLERANCE", "composed_worker", "composed_runs", "compare", "main"]
+__all__ = ["TOLERANCE", "Parts", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "main"]
 
 # float64 throughout: the layouts add the same numbers in other orders (sums split over ranks,
 # microbatches), so they differ from one process by rounding only, far below this.
@@ -79,13 +81,34 @@ def _train_step(model: nn.Module, schedule: ScheduleGPipe | None, optimizer: tor
         losses: list[torch.Tensor] = []
         last = stage == stages - 1
         args = (inputs,) if stage == 0 else ()
-        schedule.step(*args, target=targets if last else None, losses=losses if last else None)
+        with _p2p_init_workaround():
+            schedule.step(*args, target=targets if last else None, losses=losses if last else None)
         loss = torch.stack(losses).mean() if last else torch.zeros((), dtype=torch.float64)
     optimizer.step()
     return loss.detach().to(torch.float64).cpu()
 
 
-def _gather_weights(model: nn.Module, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
+@contextlib.contextmanager
+def _p2p_init_workaround() -> Iterator[None]:
+    """torch 2.9 only: float64 as the default dtype while a schedule steps.
+
+    A schedule's first step greets its neighbours: each stage sends its index (int64, 8 bytes)
+    into a ``torch.zeros(1)`` of the default dtype (float32, 4 bytes); gloo aborts on the
+    mismatch ("8 vs 4"). torch 2.10 makes both float32 (pytorch#165539, issue #165143). With
+    float64 as the default both are 8 bytes; the runs here are float64, so nothing else changes.
+    """
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 10):
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def gather_weights(model: nn.Module, mesh: DeviceMesh) -> dict[str, torch.Tensor]:
     """The whole model's weights, on every rank: each DTensor gathered, then the stages' sets joined."""
     from torch.distributed.tensor import DTensor
 
@@ -105,41 +128,72 @@ def _quiet_known_notes() -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
-def composed_worker(rank: int, world_size: int, layout: dict, steps: int = 3, run: dict | None = None) -> dict:
-    """Train ``steps`` steps on the mesh of ``layout`` (``{"dp": 2, "tp": 2, ...}``); rank 0 returns the
-    global loss of each step and the whole weights, every rank its coordinates and groups' ranks."""
-    run_ = GPTRun(**(run or {}))
-    shape = check_layout(Layout(**layout), world_size, **run_.model_limits())
+class Parts(NamedTuple):
+    """What a rank trains with: its layout, the mesh, its piece of the model, Adam on it, the schedule."""
+
+    run: GPTRun
+    layout: Layout
+    mesh: DeviceMesh
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: ScheduleGPipe | None
+    device: torch.device
+
+
+def build(world_size: int, layout: dict, run: GPTRun) -> Parts:
+    """This rank's part of the run on the mesh of ``layout``: stage, then TP, then FSDP2, then Adam."""
+    shape = check_layout(Layout(**layout), world_size, **run.model_limits())
     if shape.cp > 1:
         raise NotImplementedError("cp > 1 needs ring attention (the sequence-parallelism lesson): not composed yet")
     _quiet_known_notes()
     device = rank_device()
     mesh = build_mesh(shape)
-    stage = mesh["pp"].get_local_rank()
-    model = pipeline_part(make_gpt(run_).to(device), stage, shape.pp)
+    model = pipeline_part(make_gpt(run).to(device), mesh["pp"].get_local_rank(), shape.pp)
     if shape.tp > 1:
         apply_tp(model, mesh["tp"])
     if shape.dp > 1:
         apply_fsdp(model, mesh["dp"], reshard_after_forward=shape.pp == 1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=run_.lr)
-    schedule = _stage(model, run_, shape, mesh=mesh, device=device) if shape.pp > 1 else None
-    dp_rank = mesh["dp"].get_local_rank()
+    optimizer = torch.optim.Adam(model.parameters(), lr=run.lr)
+    schedule = _stage(model, run, shape, mesh=mesh, device=device) if shape.pp > 1 else None
+    return Parts(run, shape, mesh, model, optimizer, schedule, device)
+
+
+def train_steps(parts: Parts, steps: range) -> list[torch.Tensor]:
+    """The steps numbered ``steps`` (each its own global batch); this rank's loss of each."""
+    run, mesh = parts.run, parts.mesh
+    dp_rank, stage = mesh["dp"].get_local_rank(), mesh["pp"].get_local_rank()
     losses = []
-    for step in range(steps):
-        inputs, targets = char_batch(step, run_.global_batch, run_.seq, part=dp_rank, parts=shape.dp,
-                                     seed=run_.seed)
-        losses.append(_train_step(model, schedule, optimizer, batch=(inputs.to(device), targets.to(device)),
-                                  stage=stage, stages=shape.pp))
-    # The global loss: the last stage's (a sum over pp, the others add 0), averaged over the replicas.
-    total = torch.stack(losses).to(device)
-    dist.all_reduce(total, group=mesh["pp"].get_group())
-    dist.all_reduce(total, group=mesh["dp"].get_group())
-    weights = _gather_weights(model, mesh)
+    for step in steps:
+        inputs, targets = char_batch(step, run.global_batch, run.seq, part=dp_rank, parts=parts.layout.dp,
+                                     seed=run.seed)
+        losses.append(_train_step(parts.model, parts.schedule, parts.optimizer,
+                                  # contiguous: torch 2.9's stage checks the strides of its inputs
+                                  # too, and a window's slice of 17 columns has those of 17
+                                  batch=(inputs.to(parts.device).contiguous(), targets.to(parts.device)),
+                                  stage=stage, stages=parts.layout.pp))
+    return losses
+
+
+def global_losses(parts: Parts, losses: list[torch.Tensor]) -> list[float]:
+    """Each step's loss over the global batch, on every rank: the last stage's, averaged over replicas."""
+    total = torch.stack(losses).to(parts.device)
+    dist.all_reduce(total, group=parts.mesh["pp"].get_group())  # the other stages add 0
+    dist.all_reduce(total, group=parts.mesh["dp"].get_group())
+    return (total / parts.layout.dp).cpu().tolist()
+
+
+def composed_worker(rank: int, world_size: int, layout: dict, steps: int = 3, run: dict | None = None) -> dict:
+    """Train ``steps`` steps on the mesh of ``layout`` (``{"dp": 2, "tp": 2, ...}``); rank 0 returns the
+    global loss of each step and the whole weights, every rank its coordinates and groups' ranks."""
+    parts = build(world_size, layout, GPTRun(**(run or {})))
+    mesh = parts.mesh
+    losses = global_losses(parts, train_steps(parts, range(steps)))
+    weights = gather_weights(parts.model, mesh)
     dist.barrier()  # no rank tears the group down under a peer's last collective (see sharding.fsdp)
-    return {"rank": rank, "coordinates": coordinates(rank, shape),
+    return {"rank": rank, "coordinates": coordinates(rank, parts.layout),
             "mesh_coordinates": dict(zip(mesh.mesh_dim_names, mesh.get_coordinate())),
             "groups": {d: dist.get_process_group_ranks(mesh[d].get_group()) for d in mesh.mesh_dim_names},
-            "losses": (total / shape.dp).cpu().tolist() if rank == 0 else None,
+            "losses": losses if rank == 0 else None,
             "state": weights if rank == 0 else None}
 
 

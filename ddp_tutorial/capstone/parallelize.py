@@ -108,5 +108,7 @@ def apply_fsdp(model: CharGPT, dp_mesh: DeviceMesh, *, reshard_after_forward: bo
 
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    # The root (embedding, final norm, head) never reshards: the backward needs its weights at once,
+    # and saying so fixes one all-gather per step in every torch release (their defaults for the root differ).
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False)
     return model

@@ -3,7 +3,8 @@
 Functions take an ``ax`` (or create a figure) and return it; they never call
 ``plt.show()``. ``comm``: collectives, the ring, bandwidth (lessons 02-05, 07);
 ``timelines``: overlap, bucket sweeps, pipelines (07, 09); ``sharding``: bytes per rank
-(13); ``meshes``: which rank holds which block of a tensor (14); ``saved_bytes``: saved bytes by op
+(13); ``meshes``: which rank holds which block of a tensor (14), each rank's mesh
+coordinates (21); ``saved_bytes``: saved bytes by op
 and recomputation's trade-off (16); ``schedules``: pipeline
 schedules, a lane per rank (18); ``workload``: causal attention's work per rank (19); ``experts``:
 the tokens each rank sends each rank, the load per expert (20).
@@ -18,7 +19,7 @@ from ddp_tutorial.plots.comm import (
                                      plot_token_ring,
 )
 from ddp_tutorial.plots.experts import plot_expert_load, plot_token_matrix, token_matrix
-from ddp_tutorial.plots.meshes import plot_tensor_blocks
+from ddp_tutorial.plots.meshes import plot_rank_grid, plot_tensor_blocks
 from ddp_tutorial.plots.saved_bytes import plot_recompute_tradeoff, plot_saved_by_op
 from ddp_tutorial.plots.schedules import plot_schedule
 from ddp_tutorial.plots.sharding import plot_bytes_per_rank
@@ -37,4 +38,4 @@ __all__ = ["plot_collective", "plot_ring_steps", "plot_busbw", "plot_subgroups",
            "plot_stage_grid", "plot_bytes_per_rank", "plot_tensor_blocks",
            "plot_saved_by_op", "plot_recompute_tradeoff", "plot_work_per_rank",
            "plot_token_matrix", "plot_expert_load", "token_matrix",
-           "plot_schedule"]
+           "plot_schedule", "plot_rank_grid"]

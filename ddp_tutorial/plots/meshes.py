@@ -75,3 +75,34 @@ def plot_tensor_blocks(blocks: Sequence[dict], names: Sequence[str], axes: Seque
         for side in ("top", "right", "bottom", "left"):
             ax.spines[side].set_visible(False)
     return axes
+
+
+def plot_rank_grid(coords: Sequence[dict], sizes: dict, ax: Axes | None = None, title: str = "") -> Axes:
+    """Each rank at its mesh coordinates (``21_capstone``): ``pp`` stages as panels side by side,
+    ``dp`` replicas as rows, ``tp`` as columns, each cell labelled with its rank and coordinates.
+
+    ``coords[rank]`` is what that rank reported (``{"pp": 0, "dp": 1, "cp": 0, "tp": 1}``);
+    ``sizes`` the layout's size of each dimension.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    pp, dp, tp = sizes.get("pp", 1), sizes.get("dp", 1), sizes.get("tp", 1)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.2 * pp * tp + 1, 1.4 * dp + 1.2))
+    colours = plt.get_cmap("tab10")
+    for rank, c in enumerate(coords):
+        x, y = c["pp"] * (tp + 0.5) + c["tp"], dp - 1 - c["dp"]
+        ax.add_patch(Rectangle((x, y), 0.9, 0.85, facecolor=colours(c["pp"]), alpha=0.35, edgecolor="black"))
+        ax.text(x + 0.45, y + 0.5, f"rank {rank}", ha="center", va="center", fontsize=10, weight="bold")
+        ax.text(x + 0.45, y + 0.22, f"pp{c['pp']} dp{c['dp']} tp{c['tp']}", ha="center", va="center", fontsize=8)
+    for stage in range(pp):
+        ax.text(stage * (tp + 0.5) + tp / 2 - 0.05, dp + 0.1, f"stage {stage} (pp={stage})", ha="center", fontsize=9)
+    ax.set_xlim(-0.2, pp * (tp + 0.5) - 0.3)
+    ax.set_ylim(-0.2, dp + 0.45)
+    ax.set_xlabel("tp: across a row (the same layer's shards)")
+    ax.set_ylabel("dp: down (replicas)")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title or "each rank's coordinates on the mesh")
+    return ax
