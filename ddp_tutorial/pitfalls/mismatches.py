@@ -86,6 +86,9 @@ def joins(rank: int, world_size: int, claimed_world_size: int | None = None,
     except RuntimeError as exc:  # every rank times out the same way: return it, rank by rank
         return f"{type(exc).__name__}: {clean_message(str(exc))}"
     try:
+        # No rank tears its links down while a peer still connects (gloo on a loaded machine:
+        # "connectFullMesh failed ... Connection closed by peer").
+        dist.barrier()
         return dist.get_world_size()
     finally:
         dist.destroy_process_group()
