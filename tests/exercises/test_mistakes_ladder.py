@@ -1,0 +1,19 @@
+"""Exercises of lessons 16 on: each typical wrong answer is diagnosed, each other right answer passes.
+
+The cases live in ``exercise_mistakes*.py``, gathered by ``wrong_answers.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from wrong_answers import ALSO_RIGHT, MISTAKES, check_also_right, check_mistake, of_lessons
+
+
+@pytest.mark.parametrize("mistake", of_lessons(MISTAKES, ladder=True))
+def test_a_typical_mistake_is_diagnosed(mistake, tmp_path):
+    check_mistake(mistake, tmp_path)
+
+
+@pytest.mark.parametrize("variant", of_lessons(ALSO_RIGHT, ladder=True))
+def test_another_right_answer_passes(variant, tmp_path):
+    check_also_right(variant, tmp_path)
