@@ -6,6 +6,7 @@
 #   make test       lint, unit tests, then nbval over every notebook (the README's test command)
 #   make lint       ruff over the package, tests and docs (seconds; pyproject.toml [tool.ruff])
 #   make unit       the unit and multi-process tests alone (tests/, two files at a time)
+#   make test-slow  the tests marked slow, which make test leaves out (CI runs them)
 #   make nbval      every notebook re-run and compared with its stored outputs
 #   make lab        Jupyter on notebooks/ (make lab-test: the same in a real browser)
 #   make notebooks  re-execute every notebook and store its outputs (NB=notebooks/NN_x.ipynb: one)
@@ -29,9 +30,9 @@ export PYTHONHASHSEED = 0
 # Tests, nbval and regenerated notebooks see the committed exercise stubs, never a learner's
 # own answers in my_exercises/ (a solved exercise would turn a compared cell into PASS);
 # `make lab` checks the learner's copies.
-unit nbval nbval-portable notebooks: export DDP_TUTORIAL_EXERCISES_FRESH = 1
+unit test-slow nbval nbval-portable notebooks: export DDP_TUTORIAL_EXERCISES_FRESH = 1
 
-.PHONY: install demo test lint unit nbval nbval-portable lab notebooks bench bench-reference doctor gpu-check clean slurm-test
+.PHONY: install demo test test-slow lint unit nbval nbval-portable lab notebooks bench bench-reference doctor gpu-check clean slurm-test
 
 install: $(STAMP)
 
@@ -58,7 +59,13 @@ lint: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 unit: $(STAMP)
-	$(PY) -m pytest $(XDIST) --durations=10 tests
+	$(PY) -m pytest $(XDIST) --durations=10 -m "not slow" tests
+
+# What make test leaves out to stay under 10 minutes on 2 cores (pytest marker `slow`): the
+# benchmarks' tests, the exercises' typical mistakes, live output in a terminal and in Jupyter,
+# and most "this module runs under torchrun" checks. CI runs it after make test.
+test-slow: $(STAMP)
+	$(PY) -m pytest $(XDIST) --durations=10 -m slow tests
 
 # Lesson 21's full check: each of the 18 layouts without cp (make test runs a 4-rank subset).
 .PHONY: capstone-layouts

@@ -12,6 +12,8 @@ import pytest
 
 from ddp_tutorial.bench import activation_memory
 
+pytestmark = pytest.mark.slow  # make test-slow (CI) runs it; make test leaves it out
+
 
 @pytest.mark.timeout(180)
 def test_memory_tiny_run_predicts_every_byte(tmp_path):

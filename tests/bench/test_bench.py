@@ -19,6 +19,8 @@ import torch
 
 from ddp_tutorial.bench import collective_bw, dp
 
+pytestmark = pytest.mark.slow  # make test-slow (CI) runs it; make test leaves it out
+
 
 def _args(module, argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()

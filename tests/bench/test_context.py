@@ -15,6 +15,8 @@ import pytest
 
 from ddp_tutorial.bench import context
 
+pytestmark = pytest.mark.slow  # make test-slow (CI) runs it; make test leaves it out
+
 
 @pytest.mark.timeout(120)
 def test_tiny_run_saves_one_nth_of_the_bytes_per_rank_and_is_json_clean():

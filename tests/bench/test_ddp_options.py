@@ -13,7 +13,7 @@ from ddp_tutorial.bench import ddp_options
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.models import make_model
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # slow: make test-slow (CI) runs it, make test does not
 
 
 def counted_sizes(rank: int, world_size: int) -> tuple[list[int], list[float]]:

@@ -12,6 +12,8 @@ import pytest
 
 from ddp_tutorial.bench import dispatch_cost, subcommand
 
+pytestmark = pytest.mark.slow  # make test-slow (CI) runs it; make test leaves it out
+
 
 def test_experts_tiny_run_is_consistent():
     assert subcommand("experts") is dispatch_cost

@@ -101,6 +101,7 @@ def test_module_alone_fails_with_one_line():
         "torchrun --nproc-per-node=2 -m ddp_tutorial.comm.p2p"]
 
 
+@pytest.mark.slow  # a torchrun command: make test-slow (CI)
 def test_module_under_torchrun_passes_the_token_home():
     result = torchrun("ddp_tutorial.comm.p2p", nproc_per_node=2, timeout=90)
     assert "token came home with value 4: OK" in result.output

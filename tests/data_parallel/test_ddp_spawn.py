@@ -111,6 +111,7 @@ def test_uneven_inputs_without_join_hang_until_the_collective_timeout():
     assert info.value.rank == 1  # the rank with the extra batch waits in vain
 
 
+@pytest.mark.slow  # a torchrun command: make test-slow (CI)
 def test_module_runs_alone_with_mp_spawn():
     # `python -m ddp_tutorial.data_parallel.ddp_spawn`: the plain torch.multiprocessing.spawn recipe
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 from wrong_answers import ALSO_RIGHT, MISTAKES, check_also_right, check_mistake, of_lessons
 
+pytestmark = pytest.mark.slow  # make test-slow (CI) runs it; make test leaves it out
+
 
 @pytest.mark.parametrize("mistake", of_lessons(MISTAKES, ladder=False))
 def test_a_typical_mistake_is_diagnosed(mistake, tmp_path):

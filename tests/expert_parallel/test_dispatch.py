@@ -91,6 +91,7 @@ def test_groups_of_a_2x2_mesh():
         groups_of(0, 4, 3)
 
 
+@pytest.mark.slow  # a torchrun command: make test-slow (CI)
 def test_module_runs_under_torchrun_and_prints_ok():
     result = torchrun("ddp_tutorial.expert_parallel.dispatch", nproc_per_node=2,
                       args=["--scenario", "one rank, one expert", "--capacity-factor", "1.0"], timeout=120)

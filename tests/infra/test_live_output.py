@@ -23,7 +23,7 @@ from ddp_tutorial.launch import spawn
 from ddp_tutorial.launch.output import RankOutput, in_progress
 from ddp_tutorial.pitfalls.strays import alive  # a process that exists and is not a zombie
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # slow: make test-slow (CI) runs it, make test does not
 
 TESTS = Path(__file__).parent
 TICKS = 6  # seconds the ticking worker runs: one line per rank per second

@@ -250,6 +250,7 @@ def test_pipeline_grid_alone_fails_with_one_line(monkeypatch):
     assert "\n" not in message and "multiple of 2" in message and "torchrun" in message
 
 
+@pytest.mark.slow  # a torchrun command: make test-slow (CI)
 @pytest.mark.timeout(150)
 def test_pipeline_grid_under_torchrun_matches_one_process():
     # 2 processes: one pipeline of 2 stages (the 2 x 2 grid itself is tested through spawn above)

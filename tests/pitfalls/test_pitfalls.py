@@ -128,6 +128,7 @@ def test_local_rank_argument_versus_environment():
     assert new_spelling.log_lines("unrecognized arguments: --local-rank=1")
 
 
+@pytest.mark.slow  # a torchrun command: make test-slow (CI)
 @pytest.mark.timeout(120)
 def test_local_rank_module_under_real_torchrun():
     output = torchrun("ddp_tutorial.pitfalls.launchers", nproc_per_node=2, timeout=100).output

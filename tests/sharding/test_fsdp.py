@@ -53,6 +53,7 @@ def test_fsdp2_equals_ddp_and_one_process_and_holds_one_nth(world_size):
                                                             ["root", "blocks.0", "blocks.1"])
 
 
+@pytest.mark.slow  # a torchrun command: make test-slow (CI)
 @pytest.mark.timeout(120)
 def test_module_runs_under_torchrun():
     from ddp_tutorial.launch import torchrun

@@ -175,6 +175,7 @@ def test_picture_labels_each_block_with_the_ranks_holding_it():
     plt.close("all")
 
 
+@pytest.mark.slow  # a torchrun command: make test-slow (CI)
 def test_module_runs_under_torchrun_and_prints_ok():
     result = torchrun("ddp_tutorial.tensor_parallel.split_mlp", nproc_per_node=2, timeout=90)
     assert "OK: ToyModel split over 2 rank(s)" in result.output, result.output
