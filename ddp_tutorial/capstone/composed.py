@@ -32,6 +32,7 @@ from ddp_tutorial.capstone.chars import VOCAB, char_batch
 from ddp_tutorial.capstone.layout import Layout, LayoutError, build_mesh, check_layout, coordinates, microbatches_for
 from ddp_tutorial.capstone.parallelize import apply_fsdp, apply_tp, pipeline_part
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss, train_one_process
+from ddp_tutorial.doctor import older_than
 from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.pipeline_parallel.torch_schedules import same_dtype_handshake
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # imported where used: a learner's torch without these still 
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.pipelining import ScheduleGPipe
 
-__all__ = ["TOLERANCE", "Parts", "torch_at_least", "layout_runs_here", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "main"]
+__all__ = ["TOLERANCE", "Parts", "layout_runs_here", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "main"]
 
 # float64 throughout: the layouts add the same numbers in other orders (sums split over ranks,
 # microbatches), so they differ from one process by rounding only, far below this.
@@ -64,7 +65,7 @@ def _stage(model: nn.Module, run: GPTRun, layout: Layout, *, mesh: DeviceMesh,
     # positions between blocks), so the first step needs no shape inference between stages.
     piece = PipelineStage(model, stage, layout.pp, device, input_args=first if stage == 0 else hidden,
                           output_args=logits if stage == layout.pp - 1 else hidden, group=pp.get_group())
-    if not torch_at_least(2, 10):
+    if older_than(torch.__version__, "2.10"):
         same_dtype_handshake(piece)  # 2.9's first-step handshake aborts on gloo (lesson 18)
     return ScheduleGPipe(piece, chunks, loss_fn=next_char_loss)
 
@@ -120,16 +121,11 @@ class Parts(NamedTuple):
     device: torch.device
 
 
-def torch_at_least(major: int, minor: int) -> bool:
-    """Whether the running torch is ``major.minor`` or newer (the version's local part ignored)."""
-    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (major, minor)
-
-
 def layout_runs_here(layout: Layout) -> bool:
     """False for tp with pp before torch 2.10: measured on 2.9, tp2 x pp2 trains away from one
     process (weights off by 1e-3) where 2.10 and later are exact; the cause is not found yet, so
     ``build`` refuses it rather than train wrongly."""
-    return layout.tp == 1 or layout.pp == 1 or torch_at_least(2, 10)
+    return layout.tp == 1 or layout.pp == 1 or not older_than(torch.__version__, "2.10")
 
 
 def build(world_size: int, layout: dict, run: GPTRun) -> Parts:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import pipelining
 
+from ddp_tutorial.doctor import older_than
 from ddp_tutorial.env import distributed, rank_device, rank_info
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
 from ddp_tutorial.pipeline_parallel.one_f_one_b import (
@@ -62,8 +63,7 @@ def runs_here(schedule: str, backend: str, version: str = torch.__version__) -> 
     connected"). 2.14 and 2.15 run it through the action runtime, which hands the tensor over in
     memory. 2.9, 2.10, 2.14 and 2.15 were tried; 2.11-2.13 are treated as failing until tried.
     """
-    major, minor = (int(part) for part in version.split(".")[:2])
-    return not (schedule == "ZBVZeroBubble" and backend == "gloo" and (major, minor) < (2, 14))
+    return not (schedule == "ZBVZeroBubble" and backend == "gloo" and older_than(version, "2.14"))
 
 
 def stage_delays(schedule: str, delays: dict[str, float] | None) -> dict[str, float] | None:
@@ -152,7 +152,7 @@ def schedule_worker(rank: int, world_size: int, schedule: str = "1F1B", num_micr
     recorder = Recorder(rank, stage_delays(schedule, delays), device)
     for stage in stages:
         record_stage(stage, recorder)
-        if torch.__version__.startswith("2.9."):
+        if older_than(torch.__version__, "2.10"):
             same_dtype_handshake(stage)
     for step in range(2):  # step 0 sets the stages up; step 1 is the one recorded and compared
         for module, _ in modules.values():
