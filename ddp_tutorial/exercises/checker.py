@@ -20,7 +20,7 @@ from pathlib import Path
 from ddp_tutorial.exercises import workspace
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.registry import get
-from ddp_tutorial.exercises.tracing import where_stuck
+from ddp_tutorial.exercises.tracing import last_call, where_stuck
 from ddp_tutorial.launch import WorkerError, WorkerTimeout, spawn
 
 DEFAULT_TIMEOUT = 20.0  # seconds per world size: a deadlock is reported after this
@@ -135,8 +135,9 @@ def crash(err: WorkerError, world_size: int, source: Path, trace_dir: str) -> st
         code = re.search(r"code (-?\d+)", message)
         died = f"{where} died (exit code {code[1] if code else '?'})"
         call = stuck.removeprefix("stuck in ") if stuck.startswith("stuck in ") else ""
-        if "send" in call or "recv" in call:
-            return (f"{died} in {call}. On gloo a message larger than the receive buffer aborts the receiving "
+        last = call or last_call(trace_dir, err.rank)  # gloo may abort it between a call and its wait
+        if "send" in last or "recv" in last:
+            return (f"{died} {f'in {call}' if call else f'after {last}'}. On gloo a message larger than the receive buffer aborts the receiving "
                     "process (its output says \"Received data size doesn't match expected size\"): do "
                     "sender and receiver agree on which chunk travels, and on its size?")
         return f"{died}{f' in {call}' if call else ''}: its output above says why."

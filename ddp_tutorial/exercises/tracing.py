@@ -166,6 +166,22 @@ def where_stuck(trace_dir: str, rank: int) -> tuple[str, str]:
     return case, ""
 
 
+def last_call(trace_dir: str, rank: int) -> str:
+    """The last traced call a rank began in its current case, e.g. ``"irecv from rank 0 (#2)"`` ("" if none).
+
+    A rank gloo aborts may die between two log lines: after ``irecv`` returned but before its
+    ``wait()``, so ``where_stuck`` alone cannot say which message killed it.
+    """
+    path = os.path.join(trace_dir, f"rank{rank}.log")
+    lines = open(path).read().splitlines() if os.path.exists(path) else []
+    for line in reversed(lines):
+        if line.startswith("case "):
+            return ""
+        if line.startswith(("> ", "< ")):
+            return line[2:].removeprefix("wait for ")
+    return ""
+
+
 @dataclass
 class Move:
     source: int  # id() of the tensor moved

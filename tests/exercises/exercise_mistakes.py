@@ -112,7 +112,7 @@ MISTAKES = {
     "ring receives a chunk smaller than the message": (
         "ring_all_reduce", RING_START.replace("dist.isend(chunks[send]", "dist.isend(tensor.view(-1)")  # all of it
         + REDUCE_SCATTER + ALL_GATHER + "    return tensor\n",
-        ["died", "in wait for", "receive buffer", "size"], 20),
+        ["died", "receive buffer", "size"], 20),
     "hooks sum instead of average": (
         "bucketed_grad_hooks", hooks("torch.div(param.grad, world_size, out=slices[index])",
                                      "slices[index].copy_(param.grad)"),

@@ -213,3 +213,16 @@ def test_imported_module_finds_every_spelling_of_an_import():
     assert imported_module("def f():\n    from ddp_tutorial.comm.ring import segment_bounds\n", refused) == "ddp_tutorial.comm.ring"
     assert imported_module("import ddp_tutorial.ringside\nfrom ddp_tutorial.comm import p2p\n", refused) is None
     assert imported_module("from . import ring\n", refused) is None  # relative: not the course's package
+
+
+def test_a_rank_log_says_where_a_rank_is_stuck_and_what_it_called_last(tmp_path):
+    from ddp_tutorial.exercises.tracing import last_call, where_stuck
+    (tmp_path / "rank1.log").write_text("case numel 6\n> irecv from rank 0 (#2)\n< irecv from rank 0 (#2)\n")
+    assert where_stuck(str(tmp_path), 1) == ("numel 6", "")  # it returned: not blocked in it
+    assert last_call(str(tmp_path), 1) == "irecv from rank 0 (#2)"  # but that is where gloo aborted it
+    (tmp_path / "rank1.log").write_text("case numel 6\n> wait for isend to rank 0 (#1)\n")
+    assert where_stuck(str(tmp_path), 1) == ("numel 6", "stuck in wait for isend to rank 0 (#1)")
+    assert last_call(str(tmp_path), 1) == "isend to rank 0 (#1)"
+    (tmp_path / "rank1.log").write_text("case numel 6\n> irecv from rank 0 (#2)\ncase numel 7\n")
+    assert last_call(str(tmp_path), 1) == ""  # a new case: nothing called in it yet
+    assert last_call(str(tmp_path), 3) == ""  # no log at all
