@@ -10,6 +10,7 @@ miniature that the sharding lessons train on ``token_batch``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -363,17 +364,24 @@ class GPTAttention(nn.Module):
     Separate projections (no fused qkv) let tensor parallelism give each rank whole heads:
     ``ColwiseParallel`` on ``wq``/``wk``/``wv`` cuts their outputs head by head. The number of
     heads is read from the tensor (``-1``), so a rank holding ``heads / tp`` of them runs the same code.
+    ``context``, when set, replaces rotary + causal attention over ``x``'s positions: a callable
+    ``(q, k, v) -> out`` on (batch, heads, seq, head_dim), such as context parallelism's ring
+    attention over a sequence shard (the capstone's ``parallelize.apply_cp`` sets it).
     """
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, *, context: Callable[..., torch.Tensor] | None = None):
         super().__init__()
         self.head_dim = dim // heads
         self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.context = context
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        out = nn.functional.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True)
+        if self.context is not None:
+            out = self.context(q, k, v)
+        else:
+            out = nn.functional.scaled_dot_product_attention(rotary(q), rotary(k), v, is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -1,21 +1,26 @@
-"""``CharGPT`` trained on a ``pp x dp x tp`` mesh, equal to one process (``21_capstone``).
+"""``CharGPT`` trained on a ``pp x dp x cp x tp`` mesh, equal to one process (``21_capstone``).
 
 Each rank builds the whole model from the run's seed, keeps its pipeline stage, splits it
-over its ``tp`` group and shards it over its ``dp`` group (``parallelize``), then trains:
+over its ``tp`` group, makes its attention a ring over its ``cp`` group and shards it over
+its ``dp`` group, or ``dp x cp`` (``parallelize``), then trains on its replica's rows of the
+global batch, and of those rows its ``cp`` slice of the positions (contiguous: rank ``c`` of
+``cp`` holds positions ``c seq/cp .. (c+1) seq/cp - 1``):
 
-- without pipelining, forward and backward of its replica's rows of the global batch;
-- with it, ``torch.distributed.pipelining``'s GPipe schedule over the ``pp`` group: the
-  replica's rows cut into ``microbatches`` (at least one per stage), the loss computed on the last stage, gradients
-  averaged over the microbatches (``scale_grads``, the default), as one mean over the rows.
+- without pipelining, forward and backward of those tokens;
+- with it, ``torch.distributed.pipelining``'s 1F1B schedule over the ``pp`` group (lesson 18;
+  ``schedule_for``): the replica's rows cut into ``microbatches`` (at least one per stage), the loss
+  computed on the last stage, gradients averaged over the microbatches (``scale_grads``, the
+  default), as one mean over the rows.
 
-FSDP2 averages the gradients over ``dp``, so every step is one Adam step on the gradient
-of the mean loss over the global batch: the reference's step. After ``steps`` steps the
-whole weights are gathered back (``full_tensor()`` over ``dp`` and ``tp``, then the stages
-over ``pp``) and compared with ``reference.train_one_process``. Context parallelism (``cp``)
-waits for the ring attention of the sequence-parallelism lesson.
+Every rank's loss is the mean over its tokens, all of the same count, and FSDP2 averages the
+gradients over ``dp`` and ``cp``, so every step is one Adam step on the gradient of the mean loss
+over the global batch: the reference's step. After ``steps`` steps the whole weights are
+gathered back (``full_tensor()`` over ``dp`` (x ``cp``) and ``tp``, then the stages over ``pp``)
+and compared with ``reference.train_one_process``.
 
     torchrun --nproc-per-node=8 -m ddp_tutorial.capstone.composed --dp 2 --tp 2 --pp 2
     torchrun --nproc-per-node=4 -m ddp_tutorial.capstone.composed --tp 2 --pp 2
+    torchrun --nproc-per-node=4 -m ddp_tutorial.capstone.composed --dp 2 --cp 2
 """
 
 from __future__ import annotations
@@ -30,47 +35,58 @@ import torch.distributed as dist
 
 from ddp_tutorial.capstone.chars import VOCAB, char_batch
 from ddp_tutorial.capstone.layout import Layout, LayoutError, build_mesh, check_layout, coordinates, microbatches_for
-from ddp_tutorial.capstone.parallelize import apply_fsdp, apply_tp, pipeline_part
+from ddp_tutorial.capstone.parallelize import apply_cp, apply_fsdp, apply_tp, fsdp_mesh, pipeline_part
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss, train_one_process
 from ddp_tutorial.doctor import older_than
 from ddp_tutorial.env import distributed, rank_device
-from ddp_tutorial.pipeline_parallel.torch_schedules import same_dtype_handshake
+from ddp_tutorial.pipeline_parallel.torch_schedules import SCHEDULES, same_dtype_handshake
 
 if TYPE_CHECKING:  # imported where used: a learner's torch without these still imports the module
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.pipelining import ScheduleGPipe
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-__all__ = ["TOLERANCE", "Parts", "layout_runs_here", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "main"]
+__all__ = ["TOLERANCE", "Parts", "schedule_for", "layout_runs_here", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "main"]
 
 # float64 throughout: the layouts add the same numbers in other orders (sums split over ranks,
 # microbatches), so they differ from one process by rounding only, far below this.
 TOLERANCE = 1e-9
 
 
+def schedule_for(chunks: int, stages: int) -> str:
+    """The pipeline schedule (a name of lesson 18's ``SCHEDULES``) for ``chunks`` microbatches over
+    ``stages`` stages: ``"1F1B"``, which holds at most ``stages`` microbatches' activations where
+    GPipe holds all ``chunks``; ``"GPipe"`` with fewer microbatches than stages, which 1F1B cannot
+    fill (torch 2.9 refuses it, and GPipe too, for single-stage schedules: ``microbatches_for``
+    never asks for it, this says what would run)."""
+    return "1F1B" if chunks >= stages else "GPipe"
+
+
 def _stage(model: nn.Module, run: GPTRun, layout: Layout, *, mesh: DeviceMesh,
-           device: torch.device) -> ScheduleGPipe:
-    """The GPipe schedule of this rank's stage, with the example tensors its neighbours send."""
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+           device: torch.device) -> PipelineScheduleSingle:
+    """The schedule (``schedule_for``) of this rank's stage, with the example tensors its neighbours send."""
+    from torch.distributed import pipelining
 
     pp = mesh["pp"]
     chunks = microbatches_for(layout.pp, run.microbatches)
     stage, rows = pp.get_local_rank(), run.global_batch // layout.dp // chunks
+    seq = run.seq // layout.cp  # a cp rank's slice of the positions
     # requires_grad: a stage sends its input's gradient back to the stage before (without it, that
     # stage's backward receives None and fails).
-    hidden = torch.empty(rows, run.seq // layout.tp, run.dim, dtype=run.dtype, device=device).requires_grad_()
-    first = torch.empty(rows, run.seq, dtype=torch.int64, device=device)
-    logits = torch.empty(rows, run.seq, VOCAB, dtype=run.dtype, device=device)
-    # Given, not inferred: the shapes follow from the run and the layout (a stage holds seq / tp
+    hidden = torch.empty(rows, seq // layout.tp, run.dim, dtype=run.dtype, device=device).requires_grad_()
+    first = torch.empty(rows, seq, dtype=torch.int64, device=device)
+    logits = torch.empty(rows, seq, VOCAB, dtype=run.dtype, device=device)
+    # Given, not inferred: the shapes follow from the run and the layout (a stage holds seq / (cp tp)
     # positions between blocks), so the first step needs no shape inference between stages.
-    piece = PipelineStage(model, stage, layout.pp, device, input_args=first if stage == 0 else hidden,
+    piece = pipelining.PipelineStage(model, stage, layout.pp, device, input_args=first if stage == 0 else hidden,
                           output_args=logits if stage == layout.pp - 1 else hidden, group=pp.get_group())
     if older_than(torch.__version__, "2.10"):
         same_dtype_handshake(piece)  # 2.9's first-step handshake aborts on gloo (lesson 18)
-    return ScheduleGPipe(piece, chunks, loss_fn=next_char_loss)
+    schedule = getattr(pipelining, SCHEDULES[schedule_for(chunks, layout.pp)][0])
+    return schedule(piece, chunks, loss_fn=next_char_loss)
 
 
-def _train_step(model: nn.Module, schedule: ScheduleGPipe | None, optimizer: torch.optim.Optimizer, *,
+def _train_step(model: nn.Module, schedule: PipelineScheduleSingle | None, optimizer: torch.optim.Optimizer, *,
                 batch: tuple[torch.Tensor, torch.Tensor], stage: int,
                 stages: int) -> torch.Tensor:
     """One step on ``batch`` (inputs, targets); the replica's mean loss on the last stage, 0 elsewhere."""
@@ -110,15 +126,17 @@ def _quiet_known_notes() -> None:
 
 
 class Parts(NamedTuple):
-    """What a rank trains with: its layout, the mesh, its piece of the model, Adam on it, the schedule."""
+    """What a rank trains with: its layout, the mesh, its piece of the model, Adam on it, the schedule,
+    and the 1-D mesh FSDP2 shards over (``dp`` or ``dp_cp``; ``None`` without FSDP2)."""
 
     run: GPTRun
     layout: Layout
     mesh: DeviceMesh
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    schedule: ScheduleGPipe | None
+    schedule: PipelineScheduleSingle | None
     device: torch.device
+    fsdp: DeviceMesh | None = None
 
 
 def layout_runs_here(layout: Layout) -> bool:
@@ -129,10 +147,8 @@ def layout_runs_here(layout: Layout) -> bool:
 
 
 def build(world_size: int, layout: dict, run: GPTRun) -> Parts:
-    """This rank's part of the run on the mesh of ``layout``: stage, then TP, then FSDP2, then Adam."""
+    """This rank's part of the run on the mesh of ``layout``: stage, then TP, CP, FSDP2, then Adam."""
     shape = check_layout(Layout(**layout), world_size, **run.model_limits())
-    if shape.cp > 1:
-        raise NotImplementedError("cp > 1 needs ring attention (the sequence-parallelism lesson): not composed yet")
     if not layout_runs_here(shape):
         raise NotImplementedError(f"tp and pp together need torch 2.10 or newer here (this is {torch.__version__}): "
                                   "on 2.9 they do not train as one process does (README, Versions)")
@@ -142,21 +158,27 @@ def build(world_size: int, layout: dict, run: GPTRun) -> Parts:
     model = pipeline_part(make_gpt(run).to(device), mesh["pp"].get_local_rank(), shape.pp)
     if shape.tp > 1:
         apply_tp(model, mesh["tp"])
-    if shape.dp > 1:
-        apply_fsdp(model, mesh["dp"], reshard_after_forward=shape.pp == 1)
+    if shape.cp > 1:
+        apply_cp(model, mesh["cp"])
+    sharded = fsdp_mesh(mesh) if shape.dp * shape.cp > 1 else None
+    if sharded is not None:
+        apply_fsdp(model, sharded, reshard_after_forward=shape.pp == 1)
     optimizer = torch.optim.Adam(model.parameters(), lr=run.lr)
     schedule = _stage(model, run, shape, mesh=mesh, device=device) if shape.pp > 1 else None
-    return Parts(run, shape, mesh, model, optimizer, schedule, device)
+    return Parts(run, shape, mesh, model, optimizer, schedule, device, sharded)
 
 
 def train_steps(parts: Parts, steps: range) -> list[torch.Tensor]:
     """The steps numbered ``steps`` (each its own global batch); this rank's loss of each."""
     run, mesh = parts.run, parts.mesh
     dp_rank, stage = mesh["dp"].get_local_rank(), mesh["pp"].get_local_rank()
+    length = run.seq // parts.layout.cp
+    cols = slice(mesh["cp"].get_local_rank() * length, (mesh["cp"].get_local_rank() + 1) * length)
     losses = []
     for step in steps:
         inputs, targets = char_batch(step, run.global_batch, run.seq, part=dp_rank, parts=parts.layout.dp,
                                      seed=run.seed)
+        inputs, targets = inputs[:, cols], targets[:, cols]  # this cp rank's positions
         losses.append(_train_step(parts.model, parts.schedule, parts.optimizer,
                                   # contiguous: torch 2.9's stage checks the strides of its inputs
                                   # too, and a window's slice of 17 columns has those of 17
@@ -166,11 +188,13 @@ def train_steps(parts: Parts, steps: range) -> list[torch.Tensor]:
 
 
 def global_losses(parts: Parts, losses: list[torch.Tensor]) -> list[float]:
-    """Each step's loss over the global batch, on every rank: the last stage's, averaged over replicas."""
+    """Each step's loss over the global batch, on every rank: the last stage's, averaged over replicas
+    and sequence slices (every rank's mean is over as many tokens)."""
     total = torch.stack(losses).to(parts.device)
     dist.all_reduce(total, group=parts.mesh["pp"].get_group())  # the other stages add 0
     dist.all_reduce(total, group=parts.mesh["dp"].get_group())
-    return (total / parts.layout.dp).cpu().tolist()
+    dist.all_reduce(total, group=parts.mesh["cp"].get_group())
+    return (total / (parts.layout.dp * parts.layout.cp)).cpu().tolist()
 
 
 def composed_worker(rank: int, world_size: int, layout: dict, steps: int = 3, run: dict | None = None) -> dict:
@@ -184,6 +208,7 @@ def composed_worker(rank: int, world_size: int, layout: dict, steps: int = 3, ru
     return {"rank": rank, "coordinates": coordinates(rank, parts.layout),
             "mesh_coordinates": dict(zip(mesh.mesh_dim_names, mesh.get_coordinate())),
             "groups": {d: dist.get_process_group_ranks(mesh[d].get_group()) for d in mesh.mesh_dim_names},
+            "schedule": type(parts.schedule).__name__ if parts.schedule is not None else None,
             "losses": losses if rank == 0 else None,
             "state": weights if rank == 0 else None}
 

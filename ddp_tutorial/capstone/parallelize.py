@@ -10,9 +10,13 @@ A rank starts from the whole model (the same seed everywhere) and keeps its part
    whole heads, a slice of the hidden units), ``wo`` and ``w2`` row-parallel with their sum
    *reduce-scattered* along the sequence; the norms run on a rank's slice of the sequence
    (``SequenceParallel``), so between blocks each rank holds ``seq / tp`` positions;
-3. ``apply_fsdp``, data parallel as FSDP2 over the ``dp`` group: every block a unit, the
-   stage's root one more; on top of TP each parameter is a 2-D ``DTensor`` (``Shard(0)`` over
-   ``dp``, the TP placement over ``tp``).
+3. ``apply_cp``, context parallel over the mesh's ``cp`` group: each rank holds a contiguous
+   slice of the sequence, and every block's attention runs lesson 19's ``ring_attention`` over
+   the group, its rotary positions shifted to the slice's start (``SliceAttention``);
+4. ``apply_fsdp``, data parallel as FSDP2 over the ``dp`` group, or over ``dp x cp`` flattened
+   where ``cp > 1`` (torchtitan's ``dp_cp``: the cp ranks hold the same weights and their gradients
+   are averaged too): every block a unit, the stage's root one more; on top of TP each parameter
+   is a 2-D ``DTensor`` (``Shard(0)`` over ``dp``, the TP placement over ``tp``).
 
 The order matters as it does in torchtitan: TP first, so that FSDP shards DTensors that
 already hold the TP split.
@@ -22,14 +26,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
-from ddp_tutorial.models import CharGPT
+from ddp_tutorial.context_parallel.ring_attention import ring_attention
+from ddp_tutorial.models import CharGPT, rotary
 
 if TYPE_CHECKING:  # torch.distributed's pieces are imported by the functions that use them
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["stage_layers", "pipeline_part", "tp_plan", "block_tp_plan", "apply_tp", "apply_fsdp"]
+__all__ = ["stage_layers", "pipeline_part", "fsdp_mesh", "tp_plan", "block_tp_plan", "apply_tp", "SliceAttention", "apply_cp", "apply_fsdp"]
 
 
 def stage_layers(layers: int, stage: int, stages: int) -> list[int]:
@@ -50,6 +57,14 @@ def pipeline_part(model: CharGPT, stage: int, stages: int) -> CharGPT:
     if stage < stages - 1:
         model.norm, model.output = None, None
     return model
+
+
+def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The ranks FSDP2 shards over: ``mesh["dp"]``, or with ``cp > 1`` the ``dp`` and ``cp`` dimensions
+    flattened into one, ``"dp_cp"``, as torchtitan does (``DeviceMesh._flatten``, there since torch 2.4)."""
+    if mesh["cp"].size() == 1:
+        return mesh["dp"]
+    return mesh["dp", "cp"]._flatten("dp_cp")
 
 
 def tp_plan(model: CharGPT) -> dict:
@@ -98,8 +113,36 @@ def apply_tp(model: CharGPT, tp_mesh: DeviceMesh) -> CharGPT:
     return model
 
 
+class SliceAttention:
+    """Causal attention of this rank's contiguous slice of the sequence with every earlier position:
+    rotary positions from the slice's start, then ``ring_attention`` over ``group``.
+
+    A ``GPTAttention.context``: called with the rank's q, k, v ``(batch, heads, seq / cp, head_dim)``
+    (under tensor parallelism, its heads of them), it returns the same rows of causal attention
+    over the whole sequence.
+    """
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        offset = dist.get_rank(self.group) * q.shape[-2]  # slices are equal: rank r starts at r x length
+        return ring_attention(rotary(q, offset), rotary(k, offset), v, causal=True, group=self.group)
+
+
+def apply_cp(model: CharGPT, cp_mesh: DeviceMesh) -> CharGPT:
+    """Context parallelism over ``cp_mesh`` (1-D), in place: every block's attention a ring over its group."""
+    context = SliceAttention(cp_mesh.get_group())
+    for block in model.layers.values():
+        block.attention.context = context
+    return model
+
+
 def apply_fsdp(model: CharGPT, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> nn.Module:
     """FSDP2 over ``dp_mesh``: each block a unit, then the stage's root (embedding, norm, head), in place.
+
+    ``dp_mesh`` is the 1-D mesh of the ranks that hold the same weights and average their
+    gradients: ``dp``, or ``dp x cp`` flattened (``fsdp_mesh``).
 
     Pipelined stages pass ``reshard_after_forward=False``: a stage runs the forward of every
     microbatch before their backwards, and gathering each block again per microbatch only costs time.

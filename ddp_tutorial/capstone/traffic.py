@@ -3,7 +3,7 @@
 ``GroupRecorder`` is a ``TorchDispatchMode`` (the mechanism of torch's own ``CommDebugMode``,
 which counts collectives but does not say on which group): every collective a rank issues
 reaches torch's dispatcher as an operator of ``c10d`` (``torch.distributed``'s calls: FSDP2's
-all-gathers and reduce-scatters, the pipeline's sends and receives) or of ``_c10d_functional``
+all-gathers and reduce-scatters, the pipeline's and the ring attention's sends and receives) or of ``_c10d_functional``
 (DTensor's redistributions: tensor and sequence parallelism). Each names its process group,
 by object or by name; the recorder maps the group to the mesh dimension that owns it and counts
 ``(dimension, operator)``. Waits and other bookkeeping operators carry no group and are not
@@ -142,7 +142,10 @@ def traffic_worker(rank: int, world_size: int, layout: dict, run: dict | None = 
 
     parts = build(world_size, layout, GPTRun(**(run or {})))
     train_steps(parts, range(1))  # the first step also initialises (FSDP2's lazy init): not a typical step
-    recorder = GroupRecorder(GroupRecorder.dims_of(parts.mesh))
+    groups = GroupRecorder.dims_of(parts.mesh)
+    if parts.fsdp is not None:  # FSDP2's group: dp's, or dp x cp flattened (a group of its own)
+        groups.setdefault(parts.fsdp.get_group().group_name, "dp_cp")
+    recorder = GroupRecorder(groups)
     dist.barrier()  # every rank starts the timed step together
     start = time.perf_counter()
     with recorder:
@@ -171,13 +174,13 @@ def traffic_runs(rank: int, world_size: int, layouts: list[dict]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for dim in ("dp", "tp", "pp"):
+    for dim in ("dp", "tp", "pp", "cp"):
         parser.add_argument(f"--{dim}", type=int, default=1)
     args = parser.parse_args()
     from ddp_tutorial.env import distributed
 
     with distributed() as (info, _):
-        facts = traffic_worker(info.rank, info.world_size, {"dp": args.dp, "tp": args.tp, "pp": args.pp})
+        facts = traffic_worker(info.rank, info.world_size, {"dp": args.dp, "tp": args.tp, "pp": args.pp, "cp": args.cp})
     print(f"rank {info.rank}: " + ", ".join(f"{d} {k} x{n}" for (d, k), n in sorted(facts["counts"].items()))
           + "; bytes " + ", ".join(f"{k} {v}" for k, v in facts["bytes"].items()))
 

@@ -3,8 +3,8 @@
 Each layout trains ``CharGPT`` 3 Adam steps in float64 and is compared with
 ``reference.train_one_process``: the global loss of each step and every gathered weight,
 within ``composed.TOLERANCE``. ``make test`` runs a representative subset on 4 ranks (each
-pair of dp, tp, pp once); ``make capstone-layouts`` (``DDP_TUTORIAL_ALL_LAYOUTS=1``) runs all
-18 layouts of up to 8 ranks that do not need cp, one launch per world size.
+pair of dp, tp, pp once, and dp x cp); ``make capstone-layouts`` (``DDP_TUTORIAL_ALL_LAYOUTS=1``)
+runs all 33 layouts of up to 8 ranks, cp included, one launch per world size.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from ddp_tutorial.capstone.composed import TOLERANCE, compare, composed_runs, composed_worker, layout_runs_here
+from ddp_tutorial.capstone.composed import TOLERANCE, compare, composed_runs, composed_worker, layout_runs_here, schedule_for
 from ddp_tutorial.capstone.layout import Layout, group_ranks, layouts
 from ddp_tutorial.capstone.parallelize import pipeline_part, stage_layers
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, train_one_process
@@ -35,6 +35,7 @@ def check_runs(layouts_: list[Layout], reference: dict, timeout: float) -> None:
     for i, layout in enumerate(layouts_):
         for rank in range(world):
             assert results[rank][i]["groups"] == group_ranks(rank, layout), (layout, rank)
+            assert results[rank][i]["schedule"] == ("Schedule1F1B" if layout.pp > 1 else None), (layout, rank)
         diff = compare(results[0][i], reference)
         assert diff["loss"] < TOLERANCE and diff["weights"] < TOLERANCE, (str(layout), diff)
 
@@ -59,9 +60,9 @@ def test_a_stage_keeps_its_blocks_under_their_names():
     assert all(torch.equal(p, whole[n]) for part in parts for n, p in part.items())
 
 
-def test_cp_waits_for_ring_attention():
-    with pytest.raises(NotImplementedError, match="ring attention"):
-        composed_worker(0, 2, {"cp": 2})
+def test_the_pipeline_runs_1f1b_where_it_can():
+    assert schedule_for(2, 2) == schedule_for(4, 4) == schedule_for(8, 2) == "1F1B"
+    assert schedule_for(2, 4) == "GPipe"  # fewer microbatches than stages: 1F1B's warm-up cannot fill
 
 
 def test_tp_with_pp_is_refused_before_torch_2_10(monkeypatch):
@@ -74,14 +75,14 @@ def test_tp_with_pp_is_refused_before_torch_2_10(monkeypatch):
 
 
 def test_every_pair_of_parallelisms_equals_one_process(reference):
-    pairs = [Layout(dp=2, tp=2), Layout(tp=2, pp=2), Layout(dp=2, pp=2)]
+    pairs = [Layout(dp=2, tp=2), Layout(tp=2, pp=2), Layout(dp=2, pp=2), Layout(dp=2, cp=2)]
     check_runs([lay for lay in pairs if layout_runs_here(lay)], reference, timeout=180)
 
 
 @pytest.mark.skipif(not ALL, reason="every layout: make capstone-layouts (DDP_TUTORIAL_ALL_LAYOUTS=1)")
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
-def test_every_layout_without_cp_equals_one_process(world, reference):
-    runnable = [lay for lay in layouts(8, **GPTRun().model_limits()) if lay.cp == 1 and lay.world_size == world and layout_runs_here(lay)]
+def test_every_layout_equals_one_process(world, reference):
+    runnable = [lay for lay in layouts(8, **GPTRun().model_limits()) if lay.world_size == world and layout_runs_here(lay)]
     check_runs(runnable, reference, timeout=600)
 
 
