@@ -60,10 +60,17 @@ def pipeline_part(model: CharGPT, stage: int, stages: int) -> CharGPT:
 
 
 def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The ranks FSDP2 shards over: ``mesh["dp"]``, or with ``cp > 1`` the ``dp`` and ``cp`` dimensions
-    flattened into one, ``"dp_cp"``, as torchtitan does (``DeviceMesh._flatten``, there since torch 2.4)."""
+    """The ranks that hold the same weights, which FSDP2 shards over: ``dp`` x ``cp``.
+
+    ``mesh["dp"]`` or ``mesh["cp"]`` where the other has one rank; with both, the two dimensions
+    flattened into one, ``"dp_cp"``, as torchtitan does (``DeviceMesh._flatten``, private but in
+    every release since torch 2.4). Not flattened where one is enough: torch may hand a flattened
+    dimension the group of an equal one or a new group, depending on the release.
+    """
     if mesh["cp"].size() == 1:
         return mesh["dp"]
+    if mesh["dp"].size() == 1:
+        return mesh["cp"]
     return mesh["dp", "cp"]._flatten("dp_cp")
 
 

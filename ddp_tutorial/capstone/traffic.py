@@ -143,7 +143,7 @@ def traffic_worker(rank: int, world_size: int, layout: dict, run: dict | None = 
     parts = build(world_size, layout, GPTRun(**(run or {})))
     train_steps(parts, range(1))  # the first step also initialises (FSDP2's lazy init): not a typical step
     groups = GroupRecorder.dims_of(parts.mesh)
-    if parts.fsdp is not None:  # FSDP2's group: dp's, or dp x cp flattened (a group of its own)
+    if parts.fsdp is not None:  # FSDP2's group: dp's, cp's, or with both dp x cp flattened, "dp_cp"
         groups.setdefault(parts.fsdp.get_group().group_name, "dp_cp")
     recorder = GroupRecorder(groups)
     dist.barrier()  # every rank starts the timed step together

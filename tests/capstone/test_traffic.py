@@ -2,7 +2,7 @@
 
 The recorded counts are checked against counts derived from the layout and the parallelisation
 plans (blocks per stage, FSDP2 units, TP's gathers and reduce-scatters per block, microbatches),
-and the bytes against the one-process model's parameters; one 4-rank launch runs three layouts,
+and the bytes against the one-process model's parameters; one 4-rank launch runs four layouts,
 ``make capstone-layouts`` every layout of 8 ranks.
 """
 
@@ -18,7 +18,8 @@ from ddp_tutorial.capstone.reference import GPTRun, make_gpt
 from ddp_tutorial.capstone.traffic import op_kind, traffic_runs
 from ddp_tutorial.launch import spawn
 
-LAYOUTS = [lay for lay in (Layout(dp=2, tp=2), Layout(tp=2, pp=2), Layout(dp=2, pp=2)) if layout_runs_here(lay)]
+LAYOUTS = [lay for lay in (Layout(dp=2, tp=2), Layout(tp=2, pp=2), Layout(dp=2, pp=2), Layout(dp=2, cp=2))
+           if layout_runs_here(lay)]
 
 
 def expected_counts(rank: int, layout: Layout, run: GPTRun) -> dict:
@@ -36,13 +37,19 @@ def expected_counts(rank: int, layout: Layout, run: GPTRun) -> dict:
         # The norms' replicated weights and biases (2 norms a block, the final one on the last
         # stage): their gradients summed once per step. Pipelined without dp, torch issues none
         # that the dispatcher sees (measured on torch 2.15; the weights still equal one process).
-        if layout.pp == 1 or layout.dp > 1:
+        if layout.pp == 1 or layout.dp * layout.cp > 1:
             out[("tp", "all_reduce")] = 4 * blocks + 2 * last
-    if layout.dp > 1:
+    if layout.dp * layout.cp > 1:  # FSDP2 over the ranks of the same weights: dp, cp, or both flattened
+        fsdp = "dp_cp" if layout.dp > 1 and layout.cp > 1 else "dp" if layout.dp > 1 else "cp"
         units = blocks + (first or last)  # every block, and the root where it holds weights
-        out[("dp", "reduce_scatter")] = units  # once per step, after the last microbatch
+        out[(fsdp, "reduce_scatter")] = units  # once per step, after the last microbatch
         # Blocks gather again for backward unless pipelined; the root never reshards.
-        out[("dp", "all_gather")] = units if layout.pp > 1 else 2 * units - 1
+        out[(fsdp, "all_gather")] = units if layout.pp > 1 else 2 * units - 1
+    if layout.cp > 1:
+        # Ring attention, per block and microbatch: the K/V block shifted n - 1 times forward and
+        # n - 1 times backward, and its gradient n times beside it (home after a full turn).
+        n = layout.cp
+        out[("cp", "send")] = out[("cp", "recv")] = m * blocks * (3 * n - 2)
     if layout.pp > 1:
         neighbours = (not first) + (not last)
         out[("pp", "send")] = out[("pp", "recv")] = m * neighbours
@@ -83,7 +90,7 @@ def test_bytes_per_rank_add_up_to_the_model(recorded, index):
 @pytest.mark.skipif(os.environ.get("DDP_TUTORIAL_ALL_LAYOUTS") != "1",
                     reason="every layout of 8 ranks: make capstone-layouts (DDP_TUTORIAL_ALL_LAYOUTS=1)")
 def test_every_layout_of_8_ranks_runs_the_derived_collectives():
-    eight = [lay for lay in layouts(8, **GPTRun().model_limits()) if lay.world_size == 8 and lay.cp == 1 and layout_runs_here(lay)]
+    eight = [lay for lay in layouts(8, **GPTRun().model_limits()) if lay.world_size == 8 and layout_runs_here(lay)]
     results = spawn(traffic_runs, 8, args=([vars(lay) for lay in eight],), timeout=600)
     for i, layout in enumerate(eight):
         for rank in range(8):
