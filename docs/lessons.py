@@ -84,6 +84,8 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                     python("capstone.layout", "--dp 2 --tp 2 --pp 2", comment="each rank's coordinates and groups"),
                     Command("capstone.composed", "--dp 2 --tp 2 --pp 2", nproc=8,
                             comment="dp x tp x pp on 8 ranks, checked against one process"),
+                    Command("capstone.composed", "--dp 2 --cp 2", nproc=4,
+                            comment="dp x cp: ring attention over cp, checked against one process"),
                     Command("capstone.traffic", "--dp 2 --tp 2 --pp 2", nproc=8,
                             comment="each group's collectives per step and each rank's bytes"),
                     Command("capstone.resume", "--save-layout dp=2,tp=2 --load-layout tp=2,pp=2", nproc=4,

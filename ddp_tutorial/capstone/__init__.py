@@ -8,8 +8,9 @@ The modules, in lesson order:
 - ``layout`` (21): ``--dp --tp --pp --cp`` -> one ``DeviceMesh`` (``pp, dp, cp, tp``), every
   admitted layout, each rank's coordinates and groups;
   ``python -m ddp_tutorial.capstone.layout --dp 2 --tp 2 --pp 2``
-- ``parallelize`` (21): pipeline stage, tensor + sequence parallelism, FSDP2, applied to the model
-- ``composed`` (21): the training on a ``pp x dp x tp`` mesh against the reference;
+- ``parallelize`` (21): pipeline stage, tensor + sequence parallelism, context parallelism (ring
+  attention), FSDP2, applied to the model
+- ``composed`` (21): the training on a ``pp x dp x cp x tp`` mesh (1F1B over ``pp``) against the reference;
   ``torchrun --nproc-per-node=8 -m ddp_tutorial.capstone.composed --dp 2 --tp 2 --pp 2``
 - ``traffic`` (21): which group does what: each mesh dimension's collectives per step, counted,
   and each rank's bytes of parameters, gradients and optimizer state from its real shards;

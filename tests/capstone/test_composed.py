@@ -14,7 +14,14 @@ import os
 import pytest
 import torch
 
-from ddp_tutorial.capstone.composed import TOLERANCE, compare, composed_runs, composed_worker, layout_runs_here, schedule_for
+from ddp_tutorial.capstone.composed import (
+    TOLERANCE,
+    compare,
+    composed_runs,
+    composed_worker,
+    layout_runs_here,
+    schedule_for,
+)
 from ddp_tutorial.capstone.layout import Layout, group_ranks, layouts
 from ddp_tutorial.capstone.parallelize import pipeline_part, stage_layers
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, train_one_process
