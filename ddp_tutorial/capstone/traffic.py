@@ -100,9 +100,11 @@ class GroupRecorder(TorchDispatchMode):
             from torch.distributed.distributed_c10d import _resolve_process_group  # no public name->group
 
             ranks = dist.get_process_group_ranks(_resolve_process_group(name))
-            same = [d for n, d in self.groups.items()
-                    if dist.get_process_group_ranks(_resolve_process_group(n)) == ranks]
-            self.groups[name] = same[0] if len(ranks) > 1 and len(same) == 1 else "other"
+            # A set: groups already resolved here are listed under their dimension too (a run of
+            # many layouts can meet two stale groups of one dimension's ranks).
+            same = {d for n, d in self.groups.items()
+                    if d != "other" and dist.get_process_group_ranks(_resolve_process_group(n)) == ranks}
+            self.groups[name] = same.pop() if len(ranks) > 1 and len(same) == 1 else "other"
         return self.groups[name]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
