@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # imported where used: a learner's torch without these still 
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-__all__ = ["TOLERANCE", "Parts", "schedule_for", "layout_runs_here", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "main"]
+__all__ = ["TOLERANCE", "Parts", "schedule_for", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "main"]
 
 # float64 throughout: the layouts add the same numbers in other orders (sums split over ranks,
 # microbatches), so they differ from one process by rounding only, far below this.
@@ -83,12 +83,30 @@ def _stage(model: nn.Module, run: GPTRun, layout: Layout, *, mesh: DeviceMesh,
     if older_than(torch.__version__, "2.10"):
         same_dtype_handshake(piece)  # 2.9's first-step handshake aborts on gloo (lesson 18)
     schedule = getattr(pipelining, SCHEDULES[schedule_for(chunks, layout.pp)][0])
-    return schedule(piece, chunks, loss_fn=next_char_loss)
+    # scale_grads=False: _average_microbatches divides instead. The schedule divides in place, and
+    # torch 2.9's in-place div_ of a Partial DTensor (a sequence-parallel norm's gradient) changes
+    # nothing: tp with pp trained off one process there (weights off by up to 1e-3 after Adam).
+    return schedule(piece, chunks, loss_fn=next_char_loss, scale_grads=False)
+
+
+def _average_microbatches(model: nn.Module, chunks: int) -> None:
+    """The stage's gradients, summed over ``chunks`` microbatches, made their mean, each in its
+    parameter's placement: a ``Partial`` gradient (a replicated norm's, computed from a sequence
+    slice under TP) is summed over ``tp`` first, as the non-pipelined step's optimizer would."""
+    from torch.distributed.tensor import DTensor
+
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        grad = p.grad
+        if isinstance(grad, DTensor) and grad.placements != p.placements:
+            grad = grad.redistribute(p.device_mesh, p.placements)
+        p.grad = grad / chunks  # out of place: 2.9's in-place div_ of a Partial DTensor changes nothing
 
 
 def _train_step(model: nn.Module, schedule: PipelineScheduleSingle | None, optimizer: torch.optim.Optimizer, *,
                 batch: tuple[torch.Tensor, torch.Tensor], stage: int,
-                stages: int) -> torch.Tensor:
+                stages: int, chunks: int) -> torch.Tensor:
     """One step on ``batch`` (inputs, targets); the replica's mean loss on the last stage, 0 elsewhere."""
     inputs, targets = batch
     optimizer.zero_grad()
@@ -100,6 +118,7 @@ def _train_step(model: nn.Module, schedule: PipelineScheduleSingle | None, optim
         last = stage == stages - 1
         args = (inputs,) if stage == 0 else ()
         schedule.step(*args, target=targets if last else None, losses=losses if last else None)
+        _average_microbatches(model, chunks)
         loss = torch.stack(losses).mean() if last else torch.zeros((), dtype=torch.float64)
     optimizer.step()
     return loss.detach().to(torch.float64).cpu()
@@ -139,19 +158,9 @@ class Parts(NamedTuple):
     fsdp: DeviceMesh | None = None
 
 
-def layout_runs_here(layout: Layout) -> bool:
-    """False for tp with pp before torch 2.10: measured on 2.9, tp2 x pp2 trains away from one
-    process (weights off by 1e-3) where 2.10 and later are exact; the cause is not found yet, so
-    ``build`` refuses it rather than train wrongly."""
-    return layout.tp == 1 or layout.pp == 1 or not older_than(torch.__version__, "2.10")
-
-
 def build(world_size: int, layout: dict, run: GPTRun) -> Parts:
     """This rank's part of the run on the mesh of ``layout``: stage, then TP, CP, FSDP2, then Adam."""
     shape = check_layout(Layout(**layout), world_size, **run.model_limits())
-    if not layout_runs_here(shape):
-        raise NotImplementedError(f"tp and pp together need torch 2.10 or newer here (this is {torch.__version__}): "
-                                  "on 2.9 they do not train as one process does (README, Versions)")
     _quiet_known_notes()
     device = rank_device()
     mesh = build_mesh(shape)
@@ -183,7 +192,8 @@ def train_steps(parts: Parts, steps: range) -> list[torch.Tensor]:
                                   # contiguous: torch 2.9's stage checks the strides of its inputs
                                   # too, and a window's slice of 17 columns has those of 17
                                   batch=(inputs.to(parts.device).contiguous(), targets.to(parts.device)),
-                                  stage=stage, stages=parts.layout.pp))
+                                  stage=stage, stages=parts.layout.pp,
+                                  chunks=microbatches_for(parts.layout.pp, run.microbatches)))
     return losses
 
 
@@ -243,7 +253,7 @@ def main() -> None:
             given["dp"] = max(1, info.world_size // rest)
         try:
             result = composed_worker(info.rank, info.world_size, given, args.steps)
-        except (LayoutError, NotImplementedError) as err:  # every rank refuses the same, before any collective
+        except LayoutError as err:  # every rank refuses the same, before any collective
             raise SystemExit(f"composed: {err}") from None
     if info.is_main:
         ref = train_one_process(GPTRun(), args.steps)

@@ -18,8 +18,6 @@ from ddp_tutorial.capstone.composed import (
     TOLERANCE,
     compare,
     composed_runs,
-    composed_worker,
-    layout_runs_here,
     schedule_for,
 )
 from ddp_tutorial.capstone.layout import Layout, group_ranks, layouts
@@ -72,24 +70,15 @@ def test_the_pipeline_runs_1f1b_where_it_can():
     assert schedule_for(2, 4) == "GPipe"  # fewer microbatches than stages: 1F1B's warm-up cannot fill
 
 
-def test_tp_with_pp_is_refused_before_torch_2_10(monkeypatch):
-    monkeypatch.setattr(torch, "__version__", "2.9.1+cpu")
-    assert not layout_runs_here(Layout(tp=2, pp=2)) and layout_runs_here(Layout(dp=2, pp=2))
-    with pytest.raises(NotImplementedError, match="tp and pp together need torch 2.10 or newer here"):
-        composed_worker(0, 4, {"tp": 2, "pp": 2})
-    monkeypatch.setattr(torch, "__version__", "2.10.0")
-    assert layout_runs_here(Layout(tp=2, pp=2))
-
-
 def test_every_pair_of_parallelisms_equals_one_process(reference):
     pairs = [Layout(dp=2, tp=2), Layout(tp=2, pp=2), Layout(dp=2, pp=2), Layout(dp=2, cp=2)]
-    check_runs([lay for lay in pairs if layout_runs_here(lay)], reference, timeout=180)
+    check_runs(pairs, reference, timeout=180)
 
 
 @pytest.mark.skipif(not ALL, reason="every layout: make capstone-layouts (DDP_TUTORIAL_ALL_LAYOUTS=1)")
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
 def test_every_layout_equals_one_process(world, reference):
-    runnable = [lay for lay in layouts(8, **GPTRun().model_limits()) if lay.world_size == world and layout_runs_here(lay)]
+    runnable = [lay for lay in layouts(8, **GPTRun().model_limits()) if lay.world_size == world]
     check_runs(runnable, reference, timeout=600)
 
 

@@ -7,8 +7,7 @@ uninterrupted steps.
 
 from __future__ import annotations
 
-from ddp_tutorial.capstone.composed import TOLERANCE, compare, layout_runs_here
-from ddp_tutorial.capstone.layout import Layout
+from ddp_tutorial.capstone.composed import TOLERANCE, compare
 from ddp_tutorial.capstone.reference import GPTRun, train_one_process
 from ddp_tutorial.capstone.resume import parse_layout, save_and_resume
 from ddp_tutorial.launch import spawn
@@ -20,8 +19,7 @@ def test_parse_layout():
 
 def test_resumed_under_another_layout_equals_the_uninterrupted_run(tmp_path):
     path = str(tmp_path / "ckpt")
-    load = {"tp": 2, "pp": 2} if layout_runs_here(Layout(tp=2, pp=2)) else {"dp": 2, "pp": 2}  # torch 2.9: no tp x pp
-    result = spawn(save_and_resume, 4, args=({"dp": 2, "tp": 2}, load, path), timeout=240)[0]
+    result = spawn(save_and_resume, 4, args=({"dp": 2, "tp": 2}, {"tp": 2, "pp": 2}, path), timeout=240)[0]
     assert (tmp_path / "ckpt" / ".metadata").is_file()  # DCP's last write: the checkpoint is complete
     reference = train_one_process(GPTRun(), 4)
     diff = compare(result, reference)
