@@ -56,9 +56,12 @@ TOLERANCE = 1e-9
 def schedule_for(chunks: int, stages: int) -> str:
     """The pipeline schedule (a name of lesson 18's ``SCHEDULES``) for ``chunks`` microbatches over
     ``stages`` stages: ``"1F1B"``, which holds at most ``stages`` microbatches' activations where
-    GPipe holds all ``chunks``; ``"GPipe"`` with fewer microbatches than stages, which 1F1B cannot
-    fill (torch 2.9 refuses it, and GPipe too, for single-stage schedules: ``microbatches_for``
-    never asks for it, this says what would run)."""
+    GPipe holds all ``chunks``, wherever ``chunks >= stages``; else ``"GPipe"``.
+
+    1F1B's warm-up sends one microbatch per later stage before its first backward: fewer cannot
+    fill it, and torch 2.9 refuses them (for every single-stage schedule, GPipe too).
+    ``layout.microbatches_for`` never asks for fewer, so here 1F1B always runs.
+    """
     return "1F1B" if chunks >= stages else "GPipe"
 
 
@@ -79,7 +82,7 @@ def _stage(model: nn.Module, run: GPTRun, layout: Layout, *, mesh: DeviceMesh,
     # Given, not inferred: the shapes follow from the run and the layout (a stage holds seq / (cp tp)
     # positions between blocks), so the first step needs no shape inference between stages.
     piece = pipelining.PipelineStage(model, stage, layout.pp, device, input_args=first if stage == 0 else hidden,
-                          output_args=logits if stage == layout.pp - 1 else hidden, group=pp.get_group())
+                                     output_args=logits if stage == layout.pp - 1 else hidden, group=pp.get_group())
     if older_than(torch.__version__, "2.10"):
         same_dtype_handshake(piece)  # 2.9's first-step handshake aborts on gloo (lesson 18)
     schedule = getattr(pipelining, SCHEDULES[schedule_for(chunks, layout.pp)][0])
