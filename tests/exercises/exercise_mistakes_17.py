@@ -79,3 +79,15 @@ MISTAKES |= {
         "load_resharded", broken("load_resharded", LOAD, LOAD.replace('    set_model_state_dict(model, state["model"])\n', "")),
         ["the numbers are right, but set_model_state_dict was never called", "fills in place"], 60),
 }
+
+# Other right answers (each must pass): (exercise, source, timeout in seconds)
+ALSO_RIGHT = {
+    "load_resharded with get_state_dict and set_state_dict (lesson 17's TrainingState)": (
+        "load_resharded", broken("load_resharded", LOAD,
+                                 "    model_state, optim_state = get_state_dict(model, optimizer)\n"
+                                 '    state = {"model": model_state, "optim": optim_state}\n'
+                                 "    dcp.load(state, checkpoint_id=path)\n"
+                                 '    set_state_dict(model, optimizer, model_state_dict=state["model"], '
+                                 'optim_state_dict=state["optim"])\n')
+        .replace(IMPORTS, IMPORTS + "    get_state_dict,\n    set_state_dict,\n"), 60),
+}
