@@ -1,0 +1,186 @@
+"""Each rank's bytes, measured, beside the memory calculator's prediction (``21_capstone``).
+
+``memory_worker`` runs one training step of the composed capstone (``composed.build``) on a
+layout and measures, on every rank:
+
+- parameters, gradients and Adam's two moments from the real local shards after the step
+  (``sharding.memory.held``: a ``DTensor``'s ``to_local()``, Adam's 0-dim ``step`` left out as the
+  formulas leave it out);
+- activations: every storage autograd saves during the step's forwards (``saved_bytes``, a
+  ``saved_tensors_hooks`` pack hook); the weights an op saves (FSDP2's gathered ones, TP's
+  ``DTensor`` ones) are model state, not activations, and are left out.
+
+``predict`` puts ``sharding.calculator.bytes_per_rank`` beside them for ``CharGPT``'s shape
+(``capstone_shape``: no biases, LayerNorm, an untied head). The calculator is exact for
+data-parallel ranks (FSDP2 is its ZeRO-3) and an estimate for ``tp`` and ``pp``;
+``formula_gap`` names, term by term, what it leaves out for this model, so that measured =
+predicted + gap holds to the byte. ``planning`` applies the same calculator to a real model and
+cluster.
+
+    python -m ddp_tutorial.capstone.memory --dp 2 --tp 2        # spawns 4 ranks here
+    python -m ddp_tutorial.capstone.memory --plan llama3-8b --gpus 64
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ddp_tutorial.capstone.layout import Layout, coordinates, microbatches_for
+from ddp_tutorial.capstone.reference import GPTRun
+from ddp_tutorial.sharding.calculator import ModelShape, bytes_per_rank
+
+__all__ = ["TERMS", "SavedBytes", "saved_bytes", "capstone_shape", "micro_batch", "predict", "activation_gap", "formula_gap",
+           "memory_worker", "memory_runs", "main"]
+
+TERMS = ("parameters", "gradients", "optimizer states", "activations")
+
+
+@dataclass
+class SavedBytes:
+    """What ``saved_bytes`` counted: bytes of distinct storages saved for backward, and how many."""
+
+    total: int = 0
+    storages: int = 0
+
+
+@contextmanager
+def saved_bytes(model: nn.Module) -> Iterator[SavedBytes]:
+    """Count every storage autograd saves while the block runs, once, weights of ``model`` excepted."""
+    from torch.distributed.tensor import DTensor
+
+    record, seen = SavedBytes(), set()
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, nn.Parameter):  # a weight (FSDP2's gathered ones are Parameters too): model state
+            return t
+        # A gather DTensor has not waited for yet is an AsyncCollectiveTensor: its result is ``.elem``.
+        storage = getattr(local(t), "elem", local(t)).untyped_storage()
+        # Read at each save, not once: FSDP2 swaps its sharded parameters for gathered ones
+        # during the forward, and linear saves the weight as a transposed view, not the Parameter.
+        weights = {local(p).untyped_storage().data_ptr() for p in model.parameters()}
+        ptr = storage.data_ptr()
+        if ptr not in weights and ptr not in seen and storage.nbytes() > 0:
+            seen.add(ptr)  # a saved tensor stays alive until backward: an address names one storage
+            record.total += storage.nbytes()
+            record.storages += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield record
+
+
+def capstone_shape(run: GPTRun) -> ModelShape:
+    """``CharGPT``'s shape for the calculator: no biases in the linears, LayerNorm (weight and bias), untied head."""
+    from ddp_tutorial.capstone.chars import VOCAB
+
+    return ModelShape(layers=run.layers, hidden=run.dim, heads=run.heads, vocab=VOCAB, seq=run.seq, bias=False)
+
+
+def micro_batch(run: GPTRun, layout: Layout) -> int:
+    """Sequences in one forward of a rank: its replica's rows, cut into microbatches when pipelined."""
+    rows = run.global_batch // layout.dp
+    return rows // microbatches_for(layout.pp, run.microbatches) if layout.pp > 1 else rows
+
+
+def predict(run: GPTRun, layout: Layout) -> dict[str, int]:
+    """``bytes_per_rank`` for the capstone's run on ``layout``: FSDP2 is ZeRO-3 over ``dp``, GPipe keeps
+    every microbatch in flight, SDPA is a fused kernel (``attention="flash"``), float32 throughout."""
+    chunks = microbatches_for(layout.pp, run.microbatches) if layout.pp > 1 else 0
+    return bytes_per_rank(capstone_shape(run), micro_batch=micro_batch(run, layout), dp=layout.dp, tp=layout.tp,
+                          pp=layout.pp, cp=layout.cp, zero=3 if layout.dp > 1 else 0, precision="fp32",
+                          attention="flash", microbatches=chunks)
+
+
+def _ceil_share(nbytes: int, n: int) -> int:
+    return -(-nbytes // n)
+
+
+def activation_gap(run: GPTRun, layout: Layout, stage: int) -> dict[str, int]:
+    """The activation bytes this stage saves beyond the calculator's, by reason (float32, ``cp`` 1).
+
+    The formula divides every term by ``tp``; a term held whole on each tp rank adds ``x - x/tp``.
+    """
+    h, e, v, tp = run.dim, 4, capstone_shape(run).vocab, layout.tp
+    blocks = run.layers // layout.pp
+    tokens = micro_batch(run, layout) * run.seq
+    chunks = microbatches_for(layout.pp, run.microbatches) if layout.pp > 1 else 1
+    first, last = stage == 0, stage == layout.pp - 1
+    th = e * tokens * h
+    out = {
+        # out.transpose(1, 2).reshape(...) copies (b, heads, s, d) unless a rank holds one head;
+        # the formula takes wo's input to be the attention output itself.
+        "wo input, a copy": blocks * th // tp if run.heads // tp > 1 else 0,
+        "rotary cos, sin": blocks * 4 * run.seq * (h // run.heads // 2) * e,  # for q and k: not per token
+        # sequence parallelism gathers the sequence before wq/wk/wv and w1, and linear keeps the gathered input
+        "gathered inputs": blocks * 2 * (th - th // tp),
+        "token ids": 8 * tokens * (int(first) + int(last)),  # int64: the embedding's and the loss's
+    }
+    if last:
+        loss = 4 * tokens * v + 4  # float32 log-softmax, the total weight: every tp rank holds the whole logits
+        if layout.pp == 1:  # the formula counts the tail, divided by tp
+            out["head input, loss (whole)"] = (th - th // tp) + loss - _ceil_share(loss, tp)
+        else:  # the formula leaves the tail out on pipelined stages
+            out["final norm, head input, loss"] = (th + 2 * 4 * tokens) // tp + th + loss
+    return {k: chunks * b for k, b in out.items()}  # GPipe keeps every microbatch's
+
+
+def formula_gap(run: GPTRun, layout: Layout, stage: int) -> dict[str, int]:
+    """What the calculator leaves out for ``CharGPT`` on pipeline stage ``stage``, term by term (float32).
+
+    Parameters (and their gradients and moments): under ``tp`` the norms' weights and biases stay
+    whole on every rank (``SequenceParallel`` replicates them; the formula divides them by ``tp``);
+    under ``pp`` the formula gives the busiest stage half of what lies outside the blocks,
+    ``(vocab·h + h) / tp``, where the first holds the embedding, the last the head and the final
+    norm, the others neither. Gradients: with ``tp`` and no ``dp``, the embedding's gradient is
+    whole (``Replicate``) on every tp rank (FSDP2's reduce-scatter shards it when ``dp > 1``).
+    Activations: ``activation_gap``.
+    """
+    if layout.cp > 1:
+        raise NotImplementedError("the capstone does not compose cp yet")
+    h, e, v, tp = run.dim, 4, capstone_shape(run).vocab, layout.tp
+    first, last = stage == 0, stage == layout.pp - 1
+    blocks = run.layers // layout.pp
+    params = 2 * 2 * h * blocks * (tp - 1) // tp  # two LayerNorms (weight + bias) a block
+    if layout.pp == 1:
+        params += 2 * h * (tp - 1) // tp  # the final norm
+    else:
+        params += (v * h // tp if first else 0) + (v * h // tp + 2 * h if last else 0) - (v * h + h) // tp
+    embedding_grad = v * h - v * h // tp if first and layout.dp == 1 else 0
+    return {"parameters": params * e // layout.dp, "gradients": (params * e + embedding_grad * e) // layout.dp,
+            "optimizer states": 2 * params * e // layout.dp,
+            "activations": sum(activation_gap(run, layout, stage).values())}
+
+
+def memory_worker(rank: int, world_size: int, layout: dict, run: dict | None = None) -> dict:
+    """One step of the composed training on ``layout`` in float32 (after a first that sets FSDP2 and the
+    pipeline up): this rank's measured bytes by term, the calculator's, and its stage."""
+    import torch.distributed as dist
+
+    from ddp_tutorial.capstone.composed import build, train_steps
+    from ddp_tutorial.sharding.memory import held
+
+    config = GPTRun(**{"dtype": torch.float32, **(run or {})})
+    parts = build(world_size, layout, config)
+    train_steps(parts, range(1))  # the first step also initialises (FSDP2's lazy init, the stages' buffers)
+    with saved_bytes(parts.model) as saved:
+        train_steps(parts, range(1, 2))
+    state = held(parts.model.parameters(), parts.optimizer)
+    dist.barrier()  # no rank tears the group down under a peer's last collective
+    measured = {"parameters": state.params, "gradients": state.grads, "optimizer states": state.optim,
+                "activations": saved.total}
+    return {"rank": rank, "stage": coordinates(rank, parts.layout)["pp"], "measured": measured,
+            "predicted": {t: v for t, v in predict(config, parts.layout).items() if t in TERMS}}
+
+
+def memory_runs(rank: int, world_size: int, layouts: list[dict], run: dict | None = None) -> list[dict]:
+    """``memory_worker`` for each layout in turn, on the same ranks: one launch for several layouts."""
+    return [memory_worker(rank, world_size, layout, run) for layout in layouts]
