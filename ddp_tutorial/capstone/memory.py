@@ -36,7 +36,7 @@ from ddp_tutorial.capstone.reference import GPTRun
 from ddp_tutorial.sharding.calculator import ModelShape, bytes_per_rank
 
 __all__ = ["TERMS", "SavedBytes", "saved_bytes", "capstone_shape", "micro_batch", "predict", "activation_gap", "formula_gap",
-           "memory_worker", "memory_runs", "main"]
+           "memory_worker", "memory_runs", "report", "main"]
 
 TERMS = ("parameters", "gradients", "optimizer states", "activations")
 
@@ -184,3 +184,43 @@ def memory_worker(rank: int, world_size: int, layout: dict, run: dict | None = N
 def memory_runs(rank: int, world_size: int, layouts: list[dict], run: dict | None = None) -> list[dict]:
     """``memory_worker`` for each layout in turn, on the same ranks: one launch for several layouts."""
     return [memory_worker(rank, world_size, layout, run) for layout in layouts]
+
+
+def report(layout: Layout, ranks: list[dict], run: GPTRun) -> list[str]:
+    """One line per pipeline stage and term: measured on the stage's first rank, predicted, the stated gap."""
+    lines = [f"{layout}: bytes per rank, measured | calculator | gap the formula leaves out (float32)"]
+    firsts: dict[int, dict] = {}
+    for facts in ranks:
+        firsts.setdefault(facts["stage"], facts)
+    for facts in firsts.values():
+        gap = formula_gap(run, layout, facts["stage"])
+        for term in TERMS:
+            lines.append(f"  stage {facts['stage']} {term:<17} {facts['measured'][term]:>8} | "
+                         f"{facts['predicted'][term]:>8} | {gap[term]:>7}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for dim in ("dp", "tp", "pp"):
+        parser.add_argument(f"--{dim}", type=int, default=1)
+    parser.add_argument("--plan", default=None, help="instead: the layouts that fit this model (llama3-8b, llama3-70b)")
+    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--gpu-gib", type=int, default=80)
+    parser.add_argument("--seq", type=int, default=None, help="sequence length for --plan (default: the model's)")
+    args = parser.parse_args()
+    if args.plan:
+        from ddp_tutorial.capstone.planning import describe
+
+        print("\n".join(describe(args.plan, gpus=args.gpus, gpu_gib=args.gpu_gib, seq=args.seq)))
+        return
+    from ddp_tutorial.capstone import memory  # run as __main__, the children must import the worker by its name
+    from ddp_tutorial.launch import spawn
+
+    layout, run = Layout(dp=args.dp, tp=args.tp, pp=args.pp), GPTRun(dtype=torch.float32)
+    ranks = spawn(memory.memory_worker, layout.world_size, args=(vars(layout),), timeout=300)
+    print("\n".join(report(layout, ranks, run)))
+
+
+if __name__ == "__main__":
+    main()
