@@ -18,7 +18,7 @@ least recomputation (compute spent again), fewest context ranks, fewest tensor r
 communicate inside each layer), the least sharding. Bytes only: temporary buffers and
 fragmentation are not counted, hence the ``headroom`` kept free.
 
-    python -m ddp_tutorial.capstone.memory --plan llama3-8b --gpus 64
+    python -m ddp_tutorial.capstone.rank_memory --plan llama3-8b --gpus 64
 """
 
 from __future__ import annotations

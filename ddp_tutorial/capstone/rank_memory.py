@@ -17,8 +17,8 @@ data-parallel ranks (FSDP2 is its ZeRO-3) and an estimate for ``tp`` and ``pp``;
 predicted + gap holds to the byte. ``planning`` applies the same calculator to a real model and
 cluster.
 
-    python -m ddp_tutorial.capstone.memory --dp 2 --tp 2        # spawns 4 ranks here
-    python -m ddp_tutorial.capstone.memory --plan llama3-8b --gpus 64
+    python -m ddp_tutorial.capstone.rank_memory --dp 2 --tp 2        # spawns 4 ranks here
+    python -m ddp_tutorial.capstone.rank_memory --plan llama3-8b --gpus 64
 """
 
 from __future__ import annotations
@@ -214,11 +214,11 @@ def main() -> None:
 
         print("\n".join(describe(args.plan, gpus=args.gpus, gpu_gib=args.gpu_gib, seq=args.seq)))
         return
-    from ddp_tutorial.capstone import memory  # run as __main__, the children must import the worker by its name
+    from ddp_tutorial.capstone import rank_memory  # run as __main__, the children must import the worker by its name
     from ddp_tutorial.launch import spawn
 
     layout, run = Layout(dp=args.dp, tp=args.tp, pp=args.pp), GPTRun(dtype=torch.float32)
-    ranks = spawn(memory.memory_worker, layout.world_size, args=(vars(layout),), timeout=300)
+    ranks = spawn(rank_memory.memory_worker, layout.world_size, args=(vars(layout),), timeout=300)
     print("\n".join(report(layout, ranks, run)))
 
 

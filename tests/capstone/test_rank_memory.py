@@ -1,4 +1,4 @@
-"""``ddp_tutorial.capstone.memory`` and ``planning``: each rank's bytes against the memory calculator.
+"""``ddp_tutorial.capstone.rank_memory`` and ``ddp_tutorial.capstone.planning``: each rank's bytes against the memory calculator.
 
 One 4-rank launch measures four layouts. Parameters, gradients and Adam's moments are checked
 against the one-process model's tensors, counted by name (which stage holds each, which are
@@ -16,9 +16,9 @@ import torch
 from ddp_tutorial.capstone.chars import char_batch
 from ddp_tutorial.capstone.composed import layout_runs_here
 from ddp_tutorial.capstone.layout import Layout, coordinates
-from ddp_tutorial.capstone.memory import TERMS, capstone_shape, formula_gap, memory_runs, micro_batch, predict
 from ddp_tutorial.capstone.parallelize import stage_layers
 from ddp_tutorial.capstone.planning import GIB, PLAN_MODELS, candidates, fitting_layouts, layout_table
+from ddp_tutorial.capstone.rank_memory import TERMS, capstone_shape, formula_gap, memory_runs, micro_batch, predict
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.sharding.activations import saved_tensors
