@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from ddp_tutorial.sharding.calculator import PRESETS, ModelShape, bytes_per_rank
 
 __all__ = ["PLAN_MODELS", "RECOMPUTE", "GIB", "PlannedLayout", "candidates", "layout_table", "fitting_layouts",
-           "describe"]
+           "plan_report"]
 
 PLAN_MODELS = {"llama3-8b": PRESETS["llama-8b"], "llama3-70b": PRESETS["llama-70b"]}
 RECOMPUTE = ("none", "selective", "full")  # in order of the compute they spend again
@@ -101,11 +101,12 @@ def fitting_layouts(shape: ModelShape, *, gpus: int, gpu_bytes: int, gpus_per_no
     return sorted((row for row in table if row.fits), key=PlannedLayout.cost)
 
 
-def describe(name: str, *, gpus: int, gpu_gib: int = 80, gpus_per_node: int = 8, seq: int | None = None,
+def plan_report(name: str, *, gpus: int, gpu_gib: int = 80, gpus_per_node: int = 8, seq: int | None = None,
              top: int = 5) -> list[str]:
     """Lines that say which layouts of ``gpus`` GPUs fit model ``name`` (``PLAN_MODELS``), cheapest first."""
     shape = PLAN_MODELS[name]
     rows = fitting_layouts(shape, gpus=gpus, gpu_bytes=gpu_gib * GIB, gpus_per_node=gpus_per_node, seq=seq)
     head = (f"{name}, sequences of {seq or shape.seq}, on {gpus} GPUs of {gpu_gib} GiB "
-            f"({gpus // gpus_per_node} nodes of {gpus_per_node}): {len(rows)} layouts fit")
+            f"({gpus // gpus_per_node} node{'s' if gpus > gpus_per_node else ''} of {gpus_per_node}): "
+            f"{len(rows)} layouts fit")
     return [head] + [f"  {row}" for row in rows[:top]]

@@ -15,7 +15,8 @@ layout and measures, on every rank:
 data-parallel ranks (FSDP2 is its ZeRO-3) and an estimate for ``tp`` and ``pp``;
 ``formula_gap`` names, term by term, what it leaves out for this model, so that measured =
 predicted + gap holds to the byte. ``planning`` applies the same calculator to a real model and
-cluster.
+cluster. The gaps are stated for CPU ranks (gloo): on CUDA the fused attention kernel torch picks
+depends on the GPU and saves other tensors (a padded log-sum-exp, its random state).
 
     python -m ddp_tutorial.capstone.rank_memory --dp 2 --tp 2        # spawns 4 ranks here
     python -m ddp_tutorial.capstone.rank_memory --plan llama3-8b --gpus 64
@@ -210,15 +211,17 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=None, help="sequence length for --plan (default: the model's)")
     args = parser.parse_args()
     if args.plan:
-        from ddp_tutorial.capstone.planning import describe
+        from ddp_tutorial.capstone.planning import plan_report
 
-        print("\n".join(describe(args.plan, gpus=args.gpus, gpu_gib=args.gpu_gib, seq=args.seq)))
+        print("\n".join(plan_report(args.plan, gpus=args.gpus, gpu_gib=args.gpu_gib, seq=args.seq)))
         return
     from ddp_tutorial.capstone import rank_memory  # run as __main__, the children must import the worker by its name
     from ddp_tutorial.launch import spawn
 
     layout, run = Layout(dp=args.dp, tp=args.tp, pp=args.pp), GPTRun(dtype=torch.float32)
-    ranks = spawn(rank_memory.memory_worker, layout.world_size, args=(vars(layout),), timeout=300)
+    # gloo, so CPU tensors everywhere: the gaps are stated for torch's CPU attention kernel (CUDA picks its
+    # fused kernel by GPU and saves other things, e.g. a padded log-sum-exp)
+    ranks = spawn(rank_memory.memory_worker, layout.world_size, args=(vars(layout),), backend="gloo", timeout=300)
     print("\n".join(report(layout, ranks, run)))
 
 
