@@ -123,7 +123,6 @@ def activation_gap(run: GPTRun, layout: Layout, stage: int) -> dict[str, int]:
         "rotary cos, sin": blocks * 4 * run.seq * (h // run.heads // 2) * e,  # for q and k: not per token
         # sequence parallelism gathers the sequence before wq/wk/wv and w1, and linear keeps the gathered input
         "gathered inputs": blocks * 2 * (th - th // tp),
-        "token ids": 8 * tokens * (int(first) + int(last)),  # int64: the embedding's and the loss's
     }
     if last:
         loss = 4 * tokens * v + 4  # float32 log-softmax, the total weight: every tp rank holds the whole logits
@@ -131,7 +130,20 @@ def activation_gap(run: GPTRun, layout: Layout, stage: int) -> dict[str, int]:
             out["head input, loss (whole)"] = (th - th // tp) + loss - _ceil_share(loss, tp)
         else:  # the formula leaves the tail out on pipelined stages
             out["final norm, head input, loss"] = (th + 2 * 4 * tokens) // tp + th + loss
-    return {k: chunks * b for k, b in out.items()}  # GPipe keeps every microbatch's
+    out = {k: chunks * b for k, b in out.items()}  # GPipe keeps every microbatch's
+    out["token ids"] = _token_id_bytes(run, layout, first=first, last=last)
+    return out
+
+
+def _token_id_bytes(run: GPTRun, layout: Layout, *, first: bool, last: bool) -> int:
+    """The int64 ids the embedding (inputs) and the loss (targets) keep: copies of a replica's rows, or,
+    for one row, views of the step's whole window of ``global_batch x (seq + 1)`` ids (``contiguous()``
+    and ``flatten()`` of one row copy nothing), whose storage is then what stays alive, once."""
+    replica_rows, rows = run.global_batch // layout.dp, micro_batch(run, layout)
+    copies = 8 * replica_rows * run.seq  # composed.train_steps makes the inputs contiguous; the loss flattens targets
+    held = (copies if first and replica_rows > 1 else 0) + (copies if last and rows > 1 else 0)
+    window = (first and replica_rows == 1) or (last and rows == 1)
+    return held + (8 * run.global_batch * (run.seq + 1) if window else 0)
 
 
 def formula_gap(run: GPTRun, layout: Layout, stage: int) -> dict[str, int]:

@@ -4,18 +4,21 @@ One 4-rank launch measures four layouts. Parameters, gradients and Adam's moment
 against the one-process model's tensors, counted by name (which stage holds each, which are
 replicated over ``tp``); activations against ``sharding.activations.saved_tensors`` on one
 process; then measured = calculator + ``formula_gap`` to the byte: exact (gap 0) where the
-calculator claims it (data-parallel ranks, FSDP2 as ZeRO-3). The planner's rules are checked on
+calculator claims it (data-parallel ranks, FSDP2 as ZeRO-3); ``make capstone-layouts``
+(``DDP_TUTORIAL_ALL_LAYOUTS=1``) checks every layout of 8 ranks the same way. The planner's rules are checked on
 numbers computed by hand from the published formulas.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 from ddp_tutorial.capstone.chars import char_batch
 from ddp_tutorial.capstone.composed import layout_runs_here
-from ddp_tutorial.capstone.layout import Layout, coordinates
+from ddp_tutorial.capstone.layout import Layout, coordinates, layouts
 from ddp_tutorial.capstone.parallelize import stage_layers
 from ddp_tutorial.capstone.planning import GIB, PLAN_MODELS, candidates, fitting_layouts, layout_table
 from ddp_tutorial.capstone.rank_memory import TERMS, capstone_shape, formula_gap, memory_runs, micro_batch, predict
@@ -150,3 +153,17 @@ def test_long_sequences_call_for_context_parallelism():
     # recomputation (the calculator shards ZeRO over dp only, so cp 64 x dp 1 holds all 16·Ψ: it does not)
     assert all(r.fits for r in short if r.zero == 3 and r.recompute == "full" and r.dp >= 8)
     assert not [r for r in short if r.dp == 1 and r.cp == 64 and r.fits]
+
+
+@pytest.mark.skipif(os.environ.get("DDP_TUTORIAL_ALL_LAYOUTS") != "1",
+                    reason="every layout of 8 ranks: make capstone-layouts (DDP_TUTORIAL_ALL_LAYOUTS=1)")
+def test_every_layout_of_8_ranks_is_the_calculator_plus_the_stated_gap():
+    eight = [lay for lay in layouts(8, **RUN.model_limits()) if lay.world_size == 8 and lay.cp == 1
+             and layout_runs_here(lay)]
+    results = spawn(memory_runs, 8, args=([vars(lay) for lay in eight],), backend="gloo", timeout=600)
+    for index, layout in enumerate(eight):
+        for rank in range(8):
+            facts = results[rank][index]
+            assert facts["measured"]["parameters"] == held_by_names(layout, rank), (str(layout), rank)
+            gap = formula_gap(RUN, layout, facts["stage"])
+            assert all(facts["measured"][t] == facts["predicted"][t] + gap[t] for t in TERMS), (str(layout), rank)
