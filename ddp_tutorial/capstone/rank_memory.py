@@ -16,7 +16,7 @@ data-parallel ranks (FSDP2 is its ZeRO-3) and an estimate for ``tp`` and ``pp``;
 ``formula_gap`` names, term by term, what it leaves out for this model, so that measured =
 predicted + gap holds to the byte. ``planning`` applies the same calculator to a real model and
 cluster. The gaps are stated for CPU ranks (gloo): on CUDA the fused attention kernel torch picks
-depends on the GPU and saves other tensors (a padded log-sum-exp, its random state).
+depends on the GPU and may save other tensors (not measured here).
 
     python -m ddp_tutorial.capstone.rank_memory --dp 2 --tp 2        # spawns 4 ranks here
     python -m ddp_tutorial.capstone.rank_memory --plan llama3-8b --gpus 64
