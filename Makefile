@@ -72,6 +72,7 @@ test-slow: $(STAMP)
 capstone-layouts: $(STAMP)
 	DDP_TUTORIAL_ALL_LAYOUTS=1 $(PY) -m pytest --durations=5 tests/capstone/test_composed.py
 	DDP_TUTORIAL_ALL_LAYOUTS=1 $(PY) -m pytest tests/capstone/test_traffic.py
+	DDP_TUTORIAL_ALL_LAYOUTS=1 $(PY) -m pytest tests/capstone/test_rank_memory.py -k every_layout
 
 nbval: $(STAMP)
 	$(PY) -m pytest $(XDIST) $(NBVAL) notebooks

@@ -15,6 +15,12 @@ The modules, in lesson order:
 - ``traffic`` (21): which group does what: each mesh dimension's collectives per step, counted,
   and each rank's bytes of parameters, gradients and optimizer state from its real shards;
   ``torchrun --nproc-per-node=8 -m ddp_tutorial.capstone.traffic --dp 2 --tp 2 --pp 2``
+- ``rank_memory`` (21): each rank's parameters, gradients, optimizer state and saved activations, measured
+  on one composed step, beside ``sharding.calculator``'s prediction and the gap it leaves for ``CharGPT``;
+  ``python -m ddp_tutorial.capstone.rank_memory --dp 2 --tp 2``
+- ``planning`` (21): choosing a layout: the calculator applied to Llama 3 8B/70B on nodes of 8 GPUs,
+  under the Playbook's rules (tp within a node, pp across nodes, dp the rest, cp for long sequences);
+  ``python -m ddp_tutorial.capstone.rank_memory --plan llama3-8b --gpus 64``
 - ``resume`` (21): saved with DCP under one layout, resumed under another, as if uninterrupted;
   ``torchrun --nproc-per-node=4 -m ddp_tutorial.capstone.resume --save-layout dp=2,tp=2 --load-layout tp=2,pp=2``
 """

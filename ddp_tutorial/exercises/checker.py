@@ -1,9 +1,10 @@
 """``check(name)``: run the learner's function on several world sizes and say, in one paragraph, what is wrong.
 
 The parent never runs the learner's code. It reads the file (a syntax error or an
-untouched stub is reported at once), then for each world size starts the ranks with
-``launch.spawn``; each rank imports the file afresh (``harness.load_function``) and
-runs the exercise's cases. A rank's report, an exception, or a timeout becomes one
+untouched stub is reported at once), runs the exercise's ``prepare`` if it has one (inputs
+the ranks read, such as a checkpoint saved on other ranks), then for each world size starts
+the ranks with ``launch.spawn``; each rank imports the file afresh (``harness.load_function``)
+and runs the exercise's cases. A rank's report, an exception, or a timeout becomes one
 diagnosis naming the first wrong rank and what it got wrong, and, for a hang, the
 call each stuck rank is blocked in (``tracing.where_stuck``).
 """
@@ -78,21 +79,23 @@ def run_check(name: str, *, file: str | Path | None = None, solution: bool = Fal
     if untouched(text, e.function):
         return CheckResult(name, False, e.not_implemented(shown), started=False)
     total = 0
-    for world_size in e.world_sizes:
-        with tempfile.TemporaryDirectory(prefix="ddp_tutorial_check_") as trace_dir:
-            try:
-                reports = spawn(e.worker, world_size, args=(str(source), e.function, trace_dir),
-                                timeout=timeout, init_process_group=e.init_process_group)
-            except WorkerTimeout as err:
-                return fail(hang(e, err, world_size, timeout, trace_dir))
-            except WorkerError as err:
-                if err.rank >= 0 and "NotImplementedError" in str(err).splitlines()[0]:
-                    return CheckResult(name, False, e.still_raises(shown))
-                return fail(crash(err, world_size, source, trace_dir))
-        for rank, report in enumerate(reports):
-            if report["problem"] is not None:
-                return fail(f"rank {rank} of a world of {world_size}, case {report['case']}: {report['problem']}")
-        total += reports[0]["cases"]
+    with tempfile.TemporaryDirectory(prefix="ddp_tutorial_inputs_") as inputs:
+        extra = tuple(e.prepare(inputs)) if e.prepare else ()
+        for world_size in e.world_sizes:
+            with tempfile.TemporaryDirectory(prefix="ddp_tutorial_check_") as trace_dir:
+                try:
+                    reports = spawn(e.worker, world_size, args=(str(source), e.function, trace_dir, *extra),
+                                    timeout=timeout, init_process_group=e.init_process_group)
+                except WorkerTimeout as err:
+                    return fail(hang(e, err, world_size, timeout, trace_dir))
+                except WorkerError as err:
+                    if err.rank >= 0 and "NotImplementedError" in str(err).splitlines()[0]:
+                        return CheckResult(name, False, e.still_raises(shown))
+                    return fail(crash(err, world_size, source, trace_dir))
+            for rank, report in enumerate(reports):
+                if report["problem"] is not None:
+                    return fail(f"rank {rank} of a world of {world_size}, case {report['case']}: {report['problem']}")
+            total += reports[0]["cases"]
     sizes = ", ".join(map(str, e.world_sizes))
     return CheckResult(name, True, f"exercise {e.number} ({e.name}), {shown}: all {total} cases right on world "
                                    f"sizes {sizes}. Well done!")

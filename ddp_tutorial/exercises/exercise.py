@@ -37,6 +37,10 @@ class Exercise:
                       "receive together with the send (isend + irecv, then wait on both), or order "
                       "blocking calls so that every send meets a posted recv")
     more_hints: tuple[str, ...] = ()
+    # Parent side, once per check before the world sizes: ``prepare(folder)`` writes what every
+    # world size's ranks read (a checkpoint saved on other ranks, say) into ``folder`` and returns
+    # the worker's extra arguments, passed after ``trace_dir``.
+    prepare: Callable[[str], tuple] | None = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:

@@ -1,11 +1,11 @@
 """ddp_tutorial.exercises: every solution passes, every stub fails fast (typical mistakes: test_mistakes_*.py).
 
-Each check starts 1, 2 and 3 ranks on tiny tensors; a deadlock case waits 8 s. Learner
+Each check starts 1, 2 and 3 ranks (or the world sizes its exercise names) on tiny tensors; a deadlock case waits 8 s. Learner
 copies go to a temporary folder (``DDP_TUTORIAL_EXERCISES_DIR``), never into the checkout.
 
 Covers ``ddp_tutorial.exercises.exercise``, ``ddp_tutorial.exercises.registry``,
 ``ddp_tutorial.exercises.checker``, ``ddp_tutorial.exercises.harness``,
-``ddp_tutorial.exercises.tracing``, ``ddp_tutorial.exercises.stubgen``,
+``ddp_tutorial.exercises.tracing``, ``ddp_tutorial.exercises.recording``, ``ddp_tutorial.exercises.stubgen``,
 ``ddp_tutorial.exercises.workspace``, ``ddp_tutorial.exercises.checks.*`` (every lesson's checks).
 """
 
@@ -42,7 +42,7 @@ def test_the_solution_passes(name):
     result = run_check(name, solution=True)
     assert result.passed, result.message
     assert f"exercise {EXERCISES[name].number} ({name})" in result.message
-    assert "right on world sizes 1, 2, 3" in result.message
+    assert f"right on world sizes {', '.join(map(str, EXERCISES[name].world_sizes))}" in result.message
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -226,3 +226,26 @@ def test_a_rank_log_says_where_a_rank_is_stuck_and_what_it_called_last(tmp_path)
     (tmp_path / "rank1.log").write_text("case numel 6\n> irecv from rank 0 (#2)\ncase numel 7\n")
     assert last_call(str(tmp_path), 1) == ""  # a new case: nothing called in it yet
     assert last_call(str(tmp_path), 3) == ""  # no log at all
+
+
+def test_recording_tells_the_learners_calls_from_the_librarys_own(tmp_path, monkeypatch):
+    import types
+
+    import torch
+
+    from ddp_tutorial.exercises.recording import learner_calls, recording
+    from ddp_tutorial.exercises.tracing import Trace
+    torch.save({"w": torch.ones(2)}, tmp_path / "w.pt")
+    library = types.ModuleType("library_for_this_test")
+    library.read = lambda path: torch.load(path, weights_only=True)  # as dcp.load torch.loads its own files
+    monkeypatch.setitem(sys.modules, library.__name__, library)
+    load, trace = torch.load, Trace(0, str(tmp_path))
+    with recording(trace, {"torch.load": ["torch:load"], "read": [f"{library.__name__}:read"]}) as calls:
+        torch.load(tmp_path / "w.pt", weights_only=False)
+        library.read(tmp_path / "w.pt")
+    trace.close()
+    assert torch.load is load and library.read.__name__ == "<lambda>"  # restored
+    assert [(c.name, c.nested) for c in calls] == [("torch.load", False), ("read", False), ("torch.load", True)]
+    assert [c.arguments.get("weights_only") for c in learner_calls(calls, "torch.load")] == [False]
+    log = (tmp_path / "rank0.log").read_text().splitlines()
+    assert log[:2] == ["> torch.load (call 1)", "< torch.load (call 1)"] and "> read (call 2)" in log

@@ -1,4 +1,4 @@
-"""``make gpu-check``'s items exist, and its table, report and GPU-count logic hold with fake runs.
+"""``make gpu-check``'s items (``ddp_tutorial.gpu_items``) exist, and its table, report and GPU-count logic hold with fake runs.
 
 Also ``ddp_tutorial.nbtools``'s side of the report (``gpu_run_output``), read back from reports
 written here, and the lessons' cells that call it.
@@ -30,7 +30,7 @@ LESSONS_WITH_A_GPU_CELL = ("01_data_parallel", "06_ddp_spawn", "10_train_end_to_
 
 def test_items_cover_every_gpu_count_and_every_lesson():
     assert len({i.name for i in ALL}) == len(ALL)
-    assert {i.min_gpus for i in ALL} == {1, 2, 4}
+    assert {i.min_gpus for i in ALL} == {1, 2, 4, 8}
     assert len(gpu_check.notebook_items()) == len(list((ROOT / "notebooks").glob("*.ipynb"))) >= 16
 
 
@@ -178,7 +178,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0(capsys):
 def test_list_shows_every_item_with_the_gpus_it_needs(capsys):
     assert gpu_check.main(["--list", "--only", "4 GPUs"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [f"4 GPU(s)  {i.name}" for i in ITEMS if "4 GPUs" in i.name] and len(lines) == 6
+    assert lines == [f"4 GPU(s)  {i.name}" for i in ITEMS if "4 GPUs" in i.name] and len(lines) == 10
 
 
 def test_main_on_a_fake_one_gpu_machine_runs_every_item_and_writes_the_report(tmp_path, monkeypatch, capsys):

@@ -23,7 +23,7 @@ TESTS = ROOT / "tests"
 # ladder's (issues 29-31); a part listed here need not exist yet, a folder not listed fails.
 PARTS = ("comm", "training", "data_parallel", "cluster", "pipeline_parallel", "sharding", "tensor_parallel",
          "context_parallel", "expert_parallel", "capstone")
-SHARED = {"__init__", "__main__", "doctor", "gpu_check", "nbtools", "timing", "models"}
+SHARED = {"__init__", "__main__", "doctor", "gpu_check", "gpu_items", "nbtools", "timing", "models"}
 BOTTOM = ("env", "launch")  # every part may use them; they use no part
 TOP = ("pitfalls", "bench", "exercises", "plots")  # may use any part; no part uses them
 # paired on purpose: a stub and its solution share the learner's file name

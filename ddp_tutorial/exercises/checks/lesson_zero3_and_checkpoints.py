@@ -1,4 +1,5 @@
-"""Lesson 17's exercise: a ZeRO-3 linear layer (gather for forward, gather again for backward, reduce-scatter).
+"""Lesson 17's exercises: a ZeRO-3 linear layer (gather for forward, gather again for backward, reduce-scatter),
+and a resharding load of a DCP checkpoint (checked in ``checkpoint_loading``).
 
 The reference is one process holding every weight whole: a two-layer tanh network on every
 rank's batch, each rank's loss divided by N (the mean DDP trains on). After one backward the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.checks.checkpoint_loading import load_resharded_worker, prepare
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
 from ddp_tutorial.exercises.tracing import ALL_GATHERS, COLLECTIVES, REDUCE_SCATTERS, Call, traced
@@ -154,4 +156,26 @@ EXERCISES = [
                 "against one process's; one all-gather per layer in forward, one all-gather and one "
                 "reduce-scatter per layer in backward, no all-reduce"),
         worker=zero3_linear_worker),
+    Exercise(
+        name="load_resharded", number="17.2", lesson=17, notebook="17_zero3_and_checkpoints.ipynb",
+        title="a resharding load: a DCP checkpoint saved on 4 ranks, loaded on 1 and on 2", level="medium",
+        task=("Load a DCP checkpoint that 4 ranks saved (model and Adam, sharded by FSDP2) into a model and an "
+              "optimizer sharded over this world's ranks, so that each rank reads only its own new shards and "
+              "no rank ever holds a whole tensor."),
+        hint=("Ask the model and the optimizer for their state dicts as they are sharded now, under the keys the "
+              "checkpoint was saved with; dcp.load fills them in place; then give them back."),
+        more_hints=(
+            ("state = {\"model\": get_model_state_dict(model), \"optim\": get_optimizer_state_dict(model, optimizer)}; "
+             "dcp.load(state, checkpoint_id=path); then set_model_state_dict(model, state[\"model\"]) and "
+             "set_optimizer_state_dict(model, optimizer, state[\"optim\"]) (all from "
+             "torch.distributed.checkpoint.state_dict)."),),
+        checks=("a TinyTransformer and Adam trained 2 steps and saved on 4 ranks by the course's own code; "
+                "loaded into a model from another seed and an Adam with another lr, every parameter and Adam "
+                "state tensor gathered and compared bit for bit, and the lr; torch.load, dcp.load, the "
+                "get_/set_ state-dict functions (with their options) and your own collectives recorded: a single-"
+                "file torch.load on every rank, rank 0 loading and broadcasting, weights_only=False or a state "
+                "dict never set back fail even with the right numbers"),
+        worker=load_resharded_worker, world_sizes=(1, 2), prepare=prepare,
+        hang_hint=("a hang: dcp.load and the get_/set_ state-dict functions are collectives, so every rank must "
+                   "make the same calls in the same order; a call made on rank 0 only waits forever for the others")),
 ]
