@@ -93,17 +93,17 @@ def _stage(model: nn.Module, run: GPTRun, layout: Layout, *, mesh: DeviceMesh,
 
 
 def _average_microbatches(model: nn.Module, chunks: int) -> None:
-    """The stage's gradients, summed over ``chunks`` microbatches, made their mean, each in its
-    parameter's placement: a ``Partial`` gradient (a replicated norm's, computed from a sequence
-    slice under TP) is summed over ``tp`` first, as the non-pipelined step's optimizer would."""
-    from torch.distributed.tensor import DTensor
+    """The stage's gradients, summed over ``chunks`` microbatches, made their mean. A ``Partial``
+    gradient (a replicated norm's, computed from a sequence slice under TP) is summed over ``tp``
+    first (``Replicate``), as the non-pipelined step's optimizer would; other placements stay."""
+    from torch.distributed.tensor import DTensor, Replicate
 
     for p in model.parameters():
         if p.grad is None:
             continue
         grad = p.grad
-        if isinstance(grad, DTensor) and grad.placements != p.placements:
-            grad = grad.redistribute(p.device_mesh, p.placements)
+        if isinstance(grad, DTensor) and any(pl.is_partial() for pl in grad.placements):
+            grad = grad.redistribute(grad.device_mesh, [Replicate() if pl.is_partial() else pl for pl in grad.placements])
         p.grad = grad / chunks  # out of place: 2.9's in-place div_ of a Partial DTensor changes nothing
 
 

@@ -55,7 +55,9 @@ def saved_bytes(model: nn.Module) -> Iterator[SavedBytes]:
     """Count every storage autograd saves while the block runs, once, weights of ``model`` excepted."""
     from torch.distributed.tensor import DTensor
 
-    record, seen = SavedBytes(), set()
+    # Each counted storage is kept until the block ends: under 1F1B a microbatch's backward frees its
+    # saved tensors before the next forward, whose storages could then reuse their addresses.
+    record, seen = SavedBytes(), {}
 
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if isinstance(t, DTensor) else t
@@ -70,7 +72,7 @@ def saved_bytes(model: nn.Module) -> Iterator[SavedBytes]:
         weights = {local(p).untyped_storage().data_ptr() for p in model.parameters()}
         ptr = storage.data_ptr()
         if ptr not in weights and ptr not in seen and storage.nbytes() > 0:
-            seen.add(ptr)  # a saved tensor stays alive until backward: an address names one storage
+            seen[ptr] = storage  # alive until the block ends: an address names one storage
             record.total += storage.nbytes()
             record.storages += 1
         return t
@@ -93,8 +95,9 @@ def micro_batch(run: GPTRun, layout: Layout) -> int:
 
 
 def predict(run: GPTRun, layout: Layout) -> dict[str, int]:
-    """``bytes_per_rank`` for the capstone's run on ``layout``: FSDP2 is ZeRO-3 over ``dp``, GPipe keeps
-    every microbatch in flight, SDPA is a fused kernel (``attention="flash"``), float32 throughout."""
+    """``bytes_per_rank`` for the capstone's run on ``layout``: FSDP2 is ZeRO-3 over ``dp``, every
+    microbatch's activations counted (what the step saves in all; 1F1B frees earlier ones sooner),
+    SDPA is a fused kernel (``attention="flash"``), float32 throughout."""
     chunks = microbatches_for(layout.pp, run.microbatches) if layout.pp > 1 else 0
     return bytes_per_rank(capstone_shape(run), micro_batch=micro_batch(run, layout), dp=layout.dp, tp=layout.tp,
                           pp=layout.pp, cp=layout.cp, zero=3 if layout.dp > 1 else 0, precision="fp32",
@@ -130,7 +133,7 @@ def activation_gap(run: GPTRun, layout: Layout, stage: int) -> dict[str, int]:
             out["head input, loss (whole)"] = (th - th // tp) + loss - _ceil_share(loss, tp)
         else:  # the formula leaves the tail out on pipelined stages
             out["final norm, head input, loss"] = (th + 2 * 4 * tokens) // tp + th + loss
-    out = {k: chunks * b for k, b in out.items()}  # GPipe keeps every microbatch's
+    out = {k: chunks * b for k, b in out.items()}  # every microbatch's, counted
     out["token ids"] = _token_id_bytes(run, layout, first=first, last=last)
     return out
 
@@ -158,7 +161,7 @@ def formula_gap(run: GPTRun, layout: Layout, stage: int) -> dict[str, int]:
     Activations: ``activation_gap``.
     """
     if layout.cp > 1:
-        raise NotImplementedError("the capstone does not compose cp yet")
+        raise NotImplementedError("the gap for cp is not derived yet (the ring attention's saved blocks)")
     h, e, v, tp = run.dim, 4, capstone_shape(run).vocab, layout.tp
     first, last = stage == 0, stage == layout.pp - 1
     blocks = run.layers // layout.pp

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from ddp_tutorial.capstone.chars import char_batch
-from ddp_tutorial.capstone.composed import layout_runs_here
 from ddp_tutorial.capstone.layout import Layout, coordinates, layouts
 from ddp_tutorial.capstone.parallelize import stage_layers
 from ddp_tutorial.capstone.planning import GIB, PLAN_MODELS, candidates, fitting_layouts, layout_table
@@ -28,8 +27,7 @@ from ddp_tutorial.sharding.activations import saved_tensors
 from ddp_tutorial.sharding.calculator import bytes_per_rank
 
 RUN = GPTRun(dtype=torch.float32)
-LAYOUTS = [lay for lay in (Layout(dp=4), Layout(dp=2, tp=2), Layout(dp=2, pp=2), Layout(tp=2, pp=2))
-           if layout_runs_here(lay)]
+LAYOUTS = [Layout(dp=4), Layout(dp=2, tp=2), Layout(dp=2, pp=2), Layout(tp=2, pp=2)]
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +156,7 @@ def test_long_sequences_call_for_context_parallelism():
 @pytest.mark.skipif(os.environ.get("DDP_TUTORIAL_ALL_LAYOUTS") != "1",
                     reason="every layout of 8 ranks: make capstone-layouts (DDP_TUTORIAL_ALL_LAYOUTS=1)")
 def test_every_layout_of_8_ranks_is_the_calculator_plus_the_stated_gap():
-    eight = [lay for lay in layouts(8, **RUN.model_limits()) if lay.world_size == 8 and lay.cp == 1
-             and layout_runs_here(lay)]
+    eight = [lay for lay in layouts(8, **RUN.model_limits()) if lay.world_size == 8 and lay.cp == 1]
     results = spawn(memory_runs, 8, args=([vars(lay) for lay in eight],), backend="gloo", timeout=600)
     for index, layout in enumerate(eight):
         for rank in range(8):

@@ -80,8 +80,6 @@ def test_bytes_per_rank_add_up_to_the_model(recorded, index):
     expected = sum(p.numel() * p.element_size() * (layout.tp if "norm" in n else 1) for n, p in whole.items())
     held = [recorded[rank][index]["bytes"] for rank in range(4)]
     assert sum(h["parameters"] for h in held) == expected, str(layout)
-    for h in held:  # every gradient the size of its parameter's local shard
-        assert h["gradients"] == h["parameters"], str(layout)
     for h in held:  # Adam: two moments shaped like the shards, and one float32 step per tensor
         assert (h["optimizer"] - 2 * h["parameters"]) % 4 == 0 and 0 < h["optimizer"] - 2 * h["parameters"] < 200
 
