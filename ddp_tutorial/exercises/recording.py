@@ -45,15 +45,7 @@ def wrapped(trace: Trace, calls: list[LibraryCall], name: str, fn: Callable[...,
         except TypeError:  # a wrong call: let the function itself raise its own error
             arguments = dict(kwargs)
         calls.append(LibraryCall(name, arguments, nested=trace.depth > 0, phase=trace.phase))
-        what = f"{name} (call {len(calls)})"
-        trace.log(f"> {what}")
-        trace.depth += 1
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            trace.depth -= 1
-        trace.log(f"< {what}")
-        return result
+        return trace.logged(f"{name} (call {len(calls)})", fn, *args, **kwargs)
 
     call.__name__ = call.__qualname__ = getattr(fn, "__name__", name)
     call.__doc__ = getattr(fn, "__doc__", None)

@@ -79,6 +79,17 @@ class Trace:
     def log(self, line: str) -> None:
         self.file.write(line + "\n")
 
+    def logged(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` between ``> what`` and ``< what``; what it calls inside is not traced again."""
+        self.log(f"> {what}")
+        self.depth += 1
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            self.depth -= 1
+        self.log(f"< {what}")  # not reached when fn raises: the log then shows where the rank was
+        return result
+
     def close(self) -> None:
         self.file.close()
 
@@ -117,13 +128,7 @@ def _wrap(trace: Trace, name: str, refuse: str | None) -> Callable[..., Any]:
             trace.on_send()
         what = f"{name} {'to' if name in SENDS else 'from'} rank {peer}" if name in P2P else f"dist.{name}"
         what += f" (#{len(trace.calls)})"
-        trace.log(f"> {what}")
-        trace.depth += 1
-        try:
-            result = fn(*args, **kwargs)
-        finally:
-            trace.depth -= 1
-        trace.log(f"< {what}")
+        result = trace.logged(what, fn, *args, **kwargs)
         return TracedWork(result, trace, what) if result is not None and hasattr(result, "wait") else result
 
     call.__name__ = call.__qualname__ = name
