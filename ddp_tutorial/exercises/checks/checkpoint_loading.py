@@ -139,7 +139,7 @@ def wrong_way(calls: list[LibraryCall], collectives: list[Call], world_size: int
     """With the numbers right: what in the recorded calls is not a sharded, resharding load."""
     for c in learner_calls(calls, "torch.load"):
         if c.arguments.get("weights_only") is False:
-            return ("the numbers are right, but torch.load(..., weights_only=False) unpickles arbitrary objects: "
+            return ("the numbers are right, but torch.load with weights_only=False unpickles arbitrary objects: "
                     "a checkpoint from anywhere can run its code on every rank. Keep weights_only=True (the "
                     "default), and here load the DCP folder with dcp.load, which needs no pickle for tensors")
     broadcasts = [c.kind for c in collectives if c.kind in BROADCASTS]
