@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # imported where used: a learner's torch without these still 
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-__all__ = ["TOLERANCE", "Parts", "schedule_for", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "main"]
+__all__ = ["TOLERANCE", "Parts", "schedule_for", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "verdict", "main"]
 
 # float64 throughout: the layouts add the same numbers in other orders (sums split over ranks,
 # microbatches), so they differ from one process by rounding only, far below this.
@@ -241,6 +241,15 @@ def compare(result: dict, reference: dict) -> dict[str, float]:
     return {"loss": loss, "weights": weights}
 
 
+def verdict(result: dict, steps: int, claim: str) -> None:
+    """The command lines' last word (rank 0): ``result`` against one process trained ``steps`` steps;
+    print ``OK: claim`` or ``FAILED: claim``, and exit 1 on failure."""
+    ok = max(compare(result, train_one_process(GPTRun(), steps)).values()) < TOLERANCE
+    print(f"{'OK' if ok else 'FAILED'}: {claim}")
+    if not ok:
+        raise SystemExit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for dim in ("dp", "tp", "pp", "cp"):
@@ -259,15 +268,9 @@ def main() -> None:
         except LayoutError as err:  # every rank refuses the same, before any collective
             raise SystemExit(f"composed: {err}") from None
     if info.is_main:
-        ref = train_one_process(GPTRun(), args.steps)
-        diff = compare(result, ref)
-        layout = Layout(**given)
         print("losses:", " ".join(f"{x:.4f}" for x in result["losses"]))
-        ok = max(diff.values()) < TOLERANCE
-        print(f"{'OK' if ok else 'FAILED'}: {layout} on {info.world_size} ranks trains CharGPT as one process "
-              f"does ({args.steps} steps: losses and weights within {TOLERANCE:g})")
-        if not ok:
-            raise SystemExit(1)
+        verdict(result, args.steps, f"{Layout(**given)} on {info.world_size} ranks trains CharGPT as one process "
+                                    f"does ({args.steps} steps: losses and weights within {TOLERANCE:g})")
 
 
 if __name__ == "__main__":
