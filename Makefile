@@ -13,12 +13,12 @@
 #   make nbval-portable  nbval again on torch's portable (default) and AVX2 CPU kernels
 #   make site       the course as a website in build/site (site-test: checked in Chromium;
 #                   site-serve: on http://127.0.0.1:8000)
-#   make slurm-test lesson 15's sbatch scripts on a throwaway two-node Slurm, and elastic torchrun (root)
+#   make slurm-test lesson 16's sbatch scripts on a throwaway two-node Slurm, and elastic torchrun (root)
 #   make test-versions  unit tests and nbval again in throwaway venvs: the oldest Python with the
 #                   floor torch/torchvision (ddp_tutorial/doctor.py FLOORS), the newest Python with the newest torch
-#   make capstone-layouts  lesson 21: every layout of up to 8 ranks against one process (slower than make test)
+#   make capstone-layouts  lesson 22: every layout of up to 8 ranks against one process (slower than make test)
 #   make bench      the benchmark suite (python -m ddp_tutorial.bench all)
-#   make bench-reference  the same, saved as lesson 12's reference run (on an idle machine)
+#   make bench-reference  the same, saved as lesson 13's reference run (on an idle machine)
 #   make clean      remove .venv and pytest's cache
 PYTHON ?= python3
 VENV   ?= .venv
@@ -67,7 +67,7 @@ unit: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest $(XDIST) --durations=10 -m slow tests
 
-# Lesson 21's full check: each of the 18 layouts without cp (make test runs a 4-rank subset).
+# Lesson 22's full check: each of the 18 layouts without cp (make test runs a 4-rank subset).
 .PHONY: capstone-layouts
 capstone-layouts: $(STAMP)
 	DDP_TUTORIAL_ALL_LAYOUTS=1 $(PY) -m pytest --durations=5 tests/capstone/test_composed.py
@@ -162,7 +162,7 @@ site-serve: site
 lab-test: $(BROWSER_STAMP)
 	$(PY) -m pytest -p no:cacheprovider -v -s tests/browser/test_lab.py
 
-# Lesson 15's Slurm scripts and elastic torchrun, run for real (issue 17): a throwaway two-node
+# Lesson 16's Slurm scripts and elastic torchrun, run for real (issue 17): a throwaway two-node
 # Slurm on this machine (munged, slurmctld, two slurmd; tests/slurm/slurm_cluster.py), always
 # torn down. Needs root and Debian's slurmctld slurmd slurm-client munge (installed when missing).
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {args.world_size}-rank all_reduce through launch.spawn: OK ({seconds * 1000:.0f} ms warm) ==")
     except Exception as exc:  # the doctor reports, it does not crash
         problems.append(f"the {args.world_size}-rank all_reduce failed: {exc}. Check that 127.0.0.1 "
-                        "is reachable (no proxy or firewall on loopback) and see notebook 11.")
+                        "is reachable (no proxy or firewall on loopback) and see notebook 12.")
     if problems:
         print("== problems ==")
         for p in problems:

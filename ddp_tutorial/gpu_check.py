@@ -3,7 +3,7 @@
 Runs every item of the README's "Checked on a GPU" (``gpu_items``) that this machine's GPU count allows, each an
 asserted command (exit 0, and the lines it must print), every one even when another fails; prints
 a table (item, result, seconds) and writes ``build/gpu-check/report.md``: the machine, the table,
-the tail of each failure, and what lessons 01, 06, 10 and 13 printed on the GPU (their cell
+the tail of each failure, and what lessons 01, 07, 11 and 14 printed on the GPU (their cell
 ``nbtools.gpu_run_output`` shows it once the report is committed as ``docs/gpu-check/<name>``).
 Exit 1 when an item failed. Without CUDA it says so in one line and exits 0.
 

@@ -74,7 +74,7 @@ ITEMS = [
     Item("4 GPUs: device mesh on nccl", 4, torchrun(4, "ddp_tutorial.tensor_parallel.device_mesh"), ("OK: ",)),
     Item("4 GPUs: ZeRO on nccl", 4, torchrun(4, "ddp_tutorial.sharding.zero"), ("OK (",)),
     Item("4 GPUs: FSDP2 on nccl", 4, torchrun(4, "ddp_tutorial.sharding.fsdp"), ("OK (",)),
-    # lesson 19: the ring's batch_isend_irecv, Ulysses' all_to_all_single, SP's reduce-scatter, on nccl
+    # lesson 20: the ring's batch_isend_irecv, Ulysses' all_to_all_single, SP's reduce-scatter, on nccl
     Item("2 GPUs: ring attention on nccl", 2,
          torchrun(2, "ddp_tutorial.context_parallel.ring_attention"), ("OK: ring attention over 2",)),
     Item("2 GPUs: zig-zag ring attention on nccl", 2,
@@ -87,7 +87,7 @@ ITEMS = [
          torchrun(2, "ddp_tutorial.tensor_parallel.vocab_parallel"), ("OK: vocabulary split",)),
     Item("2 GPUs: the Llama plan and loss_parallel on nccl", 2,
          torchrun(2, "ddp_tutorial.tensor_parallel.llama_plan"), ("OK: TinyLlama",)),
-    # lessons 17, 18, 20, 21: each module's own check against one process, on nccl; a world of
+    # lessons 18, 19, 21, 22: each module's own check against one process, on nccl; a world of
     # one first, since a lent machine often has a single GPU
     Item("1 GPU: ZeRO-3 from scratch, a world of one on nccl", 1, ("{python}", "-m", "ddp_tutorial.sharding.zero3_train"),
          ("OK (ZeRO-3 from scratch equals one process, 1 rank(s))",)),

@@ -1,6 +1,6 @@
 """Models used across the lessons, small enough to train on a 2-core CPU: the one home of models.
 
-``ToyModel`` is the classic DDP example (``06_ddp_spawn``); lessons add their models here so
+``ToyModel`` is the classic DDP example (``07_ddp_spawn``); lessons add their models here so
 that every lesson shares one definition. Two registries by name: ``make_model`` for the
 data-parallel lessons' models with their (in, out) features, ``build_model`` for the
 ``--model`` of ``python -m ddp_tutorial.training.train``. ``TinyTransformer`` is the GPT in
@@ -30,7 +30,7 @@ class ToyModel(nn.Module):
 
 
 class DeepMLP(nn.Module):
-    """A stack of Linear + ReLU layers; the defaults hold about 1M parameters (``07_ddp_from_scratch``).
+    """A stack of Linear + ReLU layers; the defaults hold about 1M parameters (``08_ddp_from_scratch``).
 
     Many equal layers make many gradients that become ready one after another
     during backward, which is what gradient bucketing works with.
@@ -51,7 +51,7 @@ class DeepMLP(nn.Module):
 
 
 class SharedLayerNet(nn.Module):
-    """One Linear used twice per forward, plus BatchNorm buffers (``07_ddp_from_scratch`` tests).
+    """One Linear used twice per forward, plus BatchNorm buffers (``08_ddp_from_scratch`` tests).
 
     The shared weight gets two gradient contributions in one backward; the
     BatchNorm running statistics are buffers that DDP keeps equal by broadcast.
@@ -81,11 +81,11 @@ def make_model(name: str, seed: int, dtype: torch.dtype = torch.float32) -> tupl
     return model.to(dtype), shape
 
 
-# --------------------------------------------------------- lesson 10 (train.py)
+# --------------------------------------------------------- lesson 11 (train.py)
 
 
 class SmallCNN(nn.Module):
-    """Two convolutions and two linear layers: the ``--model cnn`` of ``10_train_end_to_end``.
+    """Two convolutions and two linear layers: the ``--model cnn`` of ``11_train_end_to_end``.
 
     Reaches about 97% on sklearn's 8x8 digits in seconds on a CPU; the adaptive
     pooling lets the same model take larger images (FakeData 32x32).
@@ -130,16 +130,16 @@ def build_model(name: str, in_channels: int, num_classes: int) -> nn.Module:
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(TRAIN_MODELS)}")
 
 
-# --------------------------------------------------------- lesson 13 (sharding)
+# --------------------------------------------------------- lesson 14 (sharding)
 
 
 class Block(nn.Module):
     """A pre-norm transformer block: causal self-attention, then an MLP, each with a residual.
 
-    ``dropout`` (lesson 16) drops attention probabilities and each branch's output, as GPT-2
+    ``dropout`` (lesson 17) drops attention probabilities and each branch's output, as GPT-2
     does; 0 (the default) draws no random numbers. ``attention="math"`` computes
     ``softmax(q kᵀ / √d) v`` op by op, so autograd keeps the (seq × seq) matrices that
-    ``16_memory`` counts; ``"sdpa"`` (the default) calls ``scaled_dot_product_attention``.
+    ``17_memory`` counts; ``"sdpa"`` (the default) calls ``scaled_dot_product_attention``.
     """
 
     def __init__(self, dim: int, heads: int, *, dropout: float = 0.0, attention: str = "sdpa"):
@@ -209,11 +209,11 @@ def token_batch(step: int, world_size: int, rank: int | None = None, per_rank: i
     return tokens[:, :-1], tokens[:, 1:].reshape(-1)
 
 
-# --------------------------------------------------------- lesson 16 (memory)
+# --------------------------------------------------------- lesson 17 (memory)
 
 
 class TinyGPT(TinyTransformer):
-    """``TinyTransformer`` with GPT-2's dropout and a choice of attention (``16_memory``).
+    """``TinyTransformer`` with GPT-2's dropout and a choice of attention (``17_memory``).
 
     ``dropout`` and ``attention`` are ``Block``'s. The blocks are ``TinyTransformer``'s own,
     only switched, so the same seed gives the same weights as ``TinyTransformer``.
@@ -228,7 +228,7 @@ class TinyGPT(TinyTransformer):
             block.dropout, block.attention = dropout, attention
 
 
-# --------------------------------------------------------- lesson 17 (ZeRO-3 from scratch)
+# --------------------------------------------------------- lesson 18 (ZeRO-3 from scratch)
 
 
 class EinsumLinear(nn.Module):
@@ -257,7 +257,7 @@ class LookupMLP(nn.Module):
         return self.out(torch.tanh(self.hidden(self.weight[tokens])))
 
 
-# --------------------------------------------------------- lesson 20 (expert parallelism)
+# --------------------------------------------------------- lesson 21 (expert parallelism)
 
 
 class ExpertMLP(nn.Module):
@@ -272,7 +272,7 @@ class ExpertMLP(nn.Module):
 
 
 class MixtureOfExperts(nn.Module):
-    """A top-k routed mixture-of-experts layer, computed in one process (``20_expert_parallel``).
+    """A top-k routed mixture-of-experts layer, computed in one process (``21_expert_parallel``).
 
     The router scores each token against every expert (a bias-free linear), softmax makes the
     scores probabilities, each token goes to its ``top_k`` most probable experts, and their
@@ -325,7 +325,7 @@ class MixtureOfExperts(nn.Module):
 
 
 class TinyMoENet(nn.Module):
-    """Linear -> residual mixture of experts -> Linear: dense layers around an MoE (``20_expert_parallel``).
+    """Linear -> residual mixture of experts -> Linear: dense layers around an MoE (``21_expert_parallel``).
 
     Under expert parallelism ``moe`` is split over ranks and ``inp``/``out`` are data-parallel.
     """
@@ -341,7 +341,7 @@ class TinyMoENet(nn.Module):
         return self.out(h + self.moe(h, groups))
 
 
-# --------------------------------------------------------- lesson 21 (capstone)
+# --------------------------------------------------------- lesson 22 (capstone)
 
 
 def rotary(x: torch.Tensor, offset: int = 0) -> torch.Tensor:
@@ -410,7 +410,7 @@ class GPTBlock(nn.Module):
 
 
 class CharGPT(nn.Module):
-    """A decoder-only GPT on characters (``21_capstone``): embedding, ``layers`` blocks, norm, output head.
+    """A decoder-only GPT on characters (``22_capstone``): embedding, ``layers`` blocks, norm, output head.
 
     Names follow torchtitan's Llama (``tok_embeddings``, ``layers``, ``norm``, ``output``) so its
     parallelisation plans read the same. ``layers`` is a ``ModuleDict`` keyed ``"0"``, ``"1"``, ...:
@@ -435,7 +435,7 @@ class CharGPT(nn.Module):
         return self.output(h) if self.output is not None else h
 
 
-# --------------------------------------------------------- lesson 19 (long sequences)
+# --------------------------------------------------------- lesson 20 (long sequences)
 
 
 class LlamaAttention(nn.Module):

@@ -88,7 +88,7 @@ def short_paths(text: str, **folders: str) -> str:
 
     The course's checkout becomes ``ddp_tutorial/...``, the Python environment's packages
     ``<site-packages>/...``, and each ``name=folder`` given (a temporary folder) ``<name>``:
-    a stored output (and the website) must not publish the writer's paths (``15_cluster``).
+    a stored output (and the website) must not publish the writer's paths (``16_cluster``).
     """
     import site
     import sysconfig
@@ -106,7 +106,7 @@ def short_paths(text: str, **folders: str) -> str:
     return text
 
 
-# What lessons 01, 06, 10 and 13 printed on a GPU machine (issue 25): ``make gpu-check`` runs the
+# What lessons 01, 07, 11 and 14 printed on a GPU machine (issue 25): ``make gpu-check`` runs the
 # lessons there and writes the output of the cell above each ``gpu_run_output`` call into its report,
 # one ``### <lesson>`` section under LESSONS_HEADING; a report committed as
 # docs/gpu-check/<date>-<gpu>.md is what the lesson's cell shows. The ONE home of that format.

@@ -1,4 +1,4 @@
-"""How the course times code: the best of several runs (``01_data_parallel``, ``07_ddp_from_scratch``, ``bench``).
+"""How the course times code: the best of several runs (``01_data_parallel``, ``08_ddp_from_scratch``, ``bench``).
 
 A neutral home for the timer that lessons and benchmarks share, so that a lesson
 never imports the benchmark package. Why the best and not the mean: on a laptop

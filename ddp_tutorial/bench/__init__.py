@@ -8,7 +8,7 @@ One module per subcommand (``launch``, ...), each exposing:
 - ``plot(result, ax)``: draw it with matplotlib (optional, used by ``--plot``).
 
 ``__main__`` adds ``--json`` and ``--plot PATH`` to every subcommand. Notebook
-``12_performance`` draws its figures from saved ``--json`` runs.
+``13_performance`` draws its figures from saved ``--json`` runs.
 """
 
 import importlib

@@ -76,7 +76,7 @@ def _loadavg() -> str:
 
 
 def _machine(argv: list[str] | None, load_before: str, seconds: float) -> dict:
-    """What the numbers depend on: saved next to a run so that readers can judge them (``12_performance``)."""
+    """What the numbers depend on: saved next to a run so that readers can judge them (``13_performance``)."""
     from ddp_tutorial.doctor import devices, versions
 
     found, hardware = versions(), devices()

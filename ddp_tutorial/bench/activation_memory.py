@@ -1,4 +1,4 @@
-"""``bench memory``: the memory calculator's bytes per term against bytes measured from real tensors (``16_memory``).
+"""``bench memory``: the memory calculator's bytes per term against bytes measured from real tensors (``17_memory``).
 
 For a ``TinyGPT`` (``TinyTransformer`` with dropout; default: 4 blocks, width 64, 128 tokens per sequence) it measures
 the activations forward leaves alive for backward (``recompute.held_after_forward``) without

@@ -1,6 +1,6 @@
 """``bench allreduce``: bus bandwidth of ``ring_all_reduce`` against ``dist.all_reduce``, over sizes.
 
-The measurement is lesson 05's (``ddp_tutorial.comm.busbw``: algbw, busbw and a one-thread
+The measurement is lesson 06's (``ddp_tutorial.comm.busbw``: algbw, busbw and a one-thread
 memory copy as nccl-tests define them); this runs it over more sizes and repetitions,
 and reports the ratios at 16 MB (``HEADLINE``) on 2 and 4 ranks.
 

@@ -1,6 +1,6 @@
 """``bench collectives``: time, algbw and busbw of every collective, as nccl-tests reports them.
 
-Used by ``12_performance``. For each collective, message size and world size:
+Used by ``13_performance``. For each collective, message size and world size:
 
 - ``time``: seconds per call (best of ``--repeat`` rounds of ``--iters`` calls, the
   slowest rank's);

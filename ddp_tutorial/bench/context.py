@@ -1,4 +1,4 @@
-"""``bench context``: ring attention against full attention, time and bytes per rank as N grows (``19_long_sequences``).
+"""``bench context``: ring attention against full attention, time and bytes per rank as N grows (``20_long_sequences``).
 
 At a fixed sequence length, for each world size ``N`` and each of non-causal, causal with
 contiguous shards and causal zig-zag: every rank times one forward and backward of ring

@@ -1,4 +1,4 @@
-"""``bench ddp``: step time of the from-scratch DDPs against torch DDP (``07_ddp_from_scratch``).
+"""``bench ddp``: step time of the from-scratch DDPs against torch DDP (``08_ddp_from_scratch``).
 
 A ~1M-parameter ``DeepMLP`` (0.92M in 32 tensors), 2 ranks (gloo on CPU, nccl on GPUs), SGD steps of
 forward + backward + update. Rows: ``local`` (no communication at all: the floor),

@@ -1,4 +1,4 @@
-"""``bench ddp-options``: torch DDP's own options measured (``12_performance``).
+"""``bench ddp-options``: torch DDP's own options measured (``13_performance``).
 
 Five ways to run the same torch DDP step of ``DeepMLP`` (0.92M parameters, 2 ranks):
 

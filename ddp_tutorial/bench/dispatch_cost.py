@@ -1,4 +1,4 @@
-"""``bench experts``: expert parallelism's all-to-alls against its experts' compute (``20_expert_parallel``).
+"""``bench experts``: expert parallelism's all-to-alls against its experts' compute (``21_expert_parallel``).
 
 A mixture-of-experts layer (top-2, ``--dim`` wide experts of ``--hidden`` units) over
 ``--ranks`` ranks, each with ``--tokens`` tokens, for several numbers of experts per rank.

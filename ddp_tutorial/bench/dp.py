@@ -1,6 +1,6 @@
 """``bench dp``: DataParallel against DDP, training throughput on the same model and global batch.
 
-Used by ``12_performance``. Three ways to spend the same cores on one training
+Used by ``13_performance``. Three ways to spend the same cores on one training
 step of ``DeepMLP`` (~1M parameters), global batch ``--batch-size``:
 
 - ``single``: one process on one core (one torch thread): the baseline;

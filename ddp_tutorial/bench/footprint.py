@@ -1,4 +1,4 @@
-"""``bench sharding``: bytes per rank of DDP, ZeRO-1, ZeRO-2-style and FSDP2 for 1, 2 and 4 ranks (``13_sharding``).
+"""``bench sharding``: bytes per rank of DDP, ZeRO-1, ZeRO-2-style and FSDP2 for 1, 2 and 4 ranks (``14_sharding``).
 
 Each strategy trains one float32 Adam step of a ``TinyTransformer`` (default: 8 blocks,
 0.43M parameters) on N ranks; each rank reports the bytes its real tensors hold for
@@ -8,7 +8,7 @@ ratio to DDP's. FSDP2's ``peak`` adds what is gathered at the worst moment of a 
 root and one block, their full parameters and gradients (activations aside). This measures
 memory, not time: on gloo a reduce-scatter is an all-reduce of the whole buffer.
 
-Lesson 17 adds ``ZeRO-3 (ours)`` (``sharding.zero3``: steady, and peak with the most it gathered
+Lesson 18 adds ``ZeRO-3 (ours)`` (``sharding.zero3``: steady, and peak with the most it gathered
 at once plus as many bytes of full gradients), FSDP2 under ``MixedPrecisionPolicy(bf16, fp32)``
 (the same float32 shards; the bf16 copies exist only while gathered), and the step time of
 ``Zero3`` against ``fully_shard``'s on 2 ranks (float32, taking turns): one core per rank on a
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> Result:
     measured = {n: spawn(all_footprints, n, args=(model_kwargs,), timeout=300, quiet=True)
                 for n in sorted(set(args.world_sizes) | {2, 4})}
     rows = table_rows(measured, num_params, STRATEGIES + ("ZeRO-1 (torch)",))
-    # lesson 17: ZeRO-3 from scratch (Zero3) and FSDP2 with the bf16 policy; step times on 2 ranks
+    # lesson 18: ZeRO-3 from scratch (Zero3) and FSDP2 with the bf16 policy; step times on 2 ranks
     ours = {n: spawn(costs, n, args=(model_kwargs, n == 2), timeout=300, quiet=True) for n in measured}
     rows += zero3_rows(ours, rows, num_params)
     for row in rows:

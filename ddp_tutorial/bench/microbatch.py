@@ -1,12 +1,12 @@
 """``bench pipeline``: a model split over two stages, naive versus cut into micro-batches; ``--schedules``:
-every pipeline schedule's bubble and activations held (``18_pipeline_schedules``).
+every pipeline schedule's bubble and activations held (``19_pipeline_schedules``).
 
 The forward of ``ToyMpModel(width, width, width)`` on a batch, with each stage in
 its own thread (one torch thread each on the CPU, one GPU each with
 ``--device cuda`` and two GPUs). Reports the wall time, the measured idle share
-of the stages and the ideal bubble ``(S - 1) / (M + S - 1)`` (``09_model_parallel_ddp``).
+of the stages and the ideal bubble ``(S - 1) / (M + S - 1)`` (``10_model_parallel_ddp``).
 
-With ``--schedules`` it runs lesson 18's hand-written 1F1B and torch's five schedules on p = 2
+With ``--schedules`` it runs lesson 19's hand-written 1F1B and torch's five schedules on p = 2
 and 4 ranks and m = 4 and 8 micro-batches, each action a fixed sleep (equal stage times), and
 reports the measured idle share next to ``(p - 1) / (v m + p - 1)`` and the peak of micro-batches
 a rank held (in whole-rank micro-batches: a rank of ``v`` stages counts each ``1 / v``).

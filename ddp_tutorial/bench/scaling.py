@@ -5,7 +5,7 @@ SGD), timed in the workers after a warm-up: samples per second summed over ranks
 best of ``--repeat`` windows per launch, median of
 ``--rounds`` launches that alternate between 1 and 2 processes. Perfect scaling is 2x (efficiency 1.0); the cost of
 all-reducing the gradients every step is what keeps it below. Used by
-``12_performance`` and ``10_train_end_to_end``.
+``13_performance`` and ``11_train_end_to_end``.
 """
 
 from __future__ import annotations

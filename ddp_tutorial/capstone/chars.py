@@ -1,4 +1,4 @@
-"""The capstone's data: character-level text made by a fixed grammar, no download (``21_capstone``).
+"""The capstone's data: character-level text made by a fixed grammar, no download (``22_capstone``).
 
 ``corpus()`` writes a few thousand characters of short sentences ("the red fox sees two
 small birds.") from word lists, chosen by ``random.Random(seed)``, whose sequence for a seed

@@ -1,4 +1,4 @@
-"""``CharGPT`` trained on a ``pp x dp x cp x tp`` mesh, equal to one process (``21_capstone``).
+"""``CharGPT`` trained on a ``pp x dp x cp x tp`` mesh, equal to one process (``22_capstone``).
 
 Each rank builds the whole model from the run's seed, keeps its pipeline stage, splits it
 over its ``tp`` group, makes its attention a ring over its ``cp`` group and shards it over
@@ -7,7 +7,7 @@ global batch, and of those rows its ``cp`` slice of the positions (contiguous: r
 ``cp`` holds positions ``c seq/cp .. (c+1) seq/cp - 1``):
 
 - without pipelining, forward and backward of those tokens;
-- with it, ``torch.distributed.pipelining``'s 1F1B schedule over the ``pp`` group (lesson 18;
+- with it, ``torch.distributed.pipelining``'s 1F1B schedule over the ``pp`` group (lesson 19;
   ``schedule_for``): the replica's rows cut into ``microbatches`` (at least one per stage), the loss
   computed on the last stage, gradients averaged over the microbatches (``scale_grads``, the
   default), as one mean over the rows.
@@ -54,7 +54,7 @@ TOLERANCE = 1e-9
 
 
 def schedule_for(chunks: int, stages: int) -> str:
-    """The pipeline schedule (a name of lesson 18's ``SCHEDULES``) for ``chunks`` microbatches over
+    """The pipeline schedule (a name of lesson 19's ``SCHEDULES``) for ``chunks`` microbatches over
     ``stages`` stages: ``"1F1B"``, which holds at most ``stages`` microbatches' activations where
     GPipe holds all ``chunks``, wherever ``chunks >= stages``; else ``"GPipe"``.
 
@@ -84,7 +84,7 @@ def _stage(model: nn.Module, run: GPTRun, layout: Layout, *, mesh: DeviceMesh,
     piece = pipelining.PipelineStage(model, stage, layout.pp, device, input_args=first if stage == 0 else hidden,
                                      output_args=logits if stage == layout.pp - 1 else hidden, group=pp.get_group())
     if older_than(torch.__version__, "2.10"):
-        same_dtype_handshake(piece)  # 2.9's first-step handshake aborts on gloo (lesson 18)
+        same_dtype_handshake(piece)  # 2.9's first-step handshake aborts on gloo (lesson 19)
     schedule = getattr(pipelining, SCHEDULES[schedule_for(chunks, layout.pp)][0])
     # scale_grads=False: _average_microbatches divides instead. The schedule divides in place, and
     # torch 2.9's in-place div_ of a Partial DTensor (a sequence-parallel norm's gradient) changes

@@ -1,4 +1,4 @@
-"""A layout (``--dp --tp --pp --cp``) -> one ``DeviceMesh``; which ranks share each group (``21_capstone``).
+"""A layout (``--dp --tp --pp --cp``) -> one ``DeviceMesh``; which ranks share each group (``22_capstone``).
 
 The ranks form a grid with one dimension per parallelism, in torchtitan's order, outermost
 first: ``pp, dp, cp, tp`` (``MESH_DIMS``). Rank ``r``'s coordinates are ``r`` written in

@@ -1,4 +1,4 @@
-"""Each parallelism applied to ``CharGPT`` with torch's own pieces, in torchtitan's order (``21_capstone``).
+"""Each parallelism applied to ``CharGPT`` with torch's own pieces, in torchtitan's order (``22_capstone``).
 
 A rank starts from the whole model (the same seed everywhere) and keeps its part of it:
 
@@ -11,7 +11,7 @@ A rank starts from the whole model (the same seed everywhere) and keeps its part
    *reduce-scattered* along the sequence; the norms run on a rank's slice of the sequence
    (``SequenceParallel``), so between blocks each rank holds ``seq / tp`` positions;
 3. ``apply_cp``, context parallel over the mesh's ``cp`` group: each rank holds a contiguous
-   slice of the sequence, and every block's attention runs lesson 19's ``ring_attention`` over
+   slice of the sequence, and every block's attention runs lesson 20's ``ring_attention`` over
    the group, its rotary positions shifted to the slice's start (``SliceAttention``);
 4. ``apply_fsdp``, data parallel as FSDP2 over the ``dp`` group, or over ``dp x cp`` flattened
    where ``cp > 1`` (torchtitan's ``dp_cp``: the cp ranks hold the same weights and their gradients

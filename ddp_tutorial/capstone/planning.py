@@ -1,4 +1,4 @@
-"""Choosing a layout for a real model and cluster with the memory calculator (``21_capstone``).
+"""Choosing a layout for a real model and cluster with the memory calculator (``22_capstone``).
 
 The Ultra-Scale Playbook's reasoning, written as rules that every candidate obeys:
 

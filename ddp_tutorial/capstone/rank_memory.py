@@ -1,4 +1,4 @@
-"""Each rank's bytes, measured, beside the memory calculator's prediction (``21_capstone``).
+"""Each rank's bytes, measured, beside the memory calculator's prediction (``22_capstone``).
 
 ``memory_worker`` runs one training step of the composed capstone (``composed.build``) on a
 layout and measures, on every rank:

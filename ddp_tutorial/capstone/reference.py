@@ -1,4 +1,4 @@
-"""The capstone's reference: ``CharGPT`` trained by one process on the whole global batch (``21_capstone``).
+"""The capstone's reference: ``CharGPT`` trained by one process on the whole global batch (``22_capstone``).
 
 Every composed layout must reproduce this run: the same model (one seed), the same batches
 (``chars.char_batch``), the same Adam steps. ``GPTRun`` holds every number both share, so a

@@ -1,4 +1,4 @@
-"""Checkpoint under one layout, resume under another: ``torch.distributed.checkpoint`` (``21_capstone``).
+"""Checkpoint under one layout, resume under another: ``torch.distributed.checkpoint`` (``22_capstone``).
 
 A rank's state is its shards: parameters and Adam's moments as ``DTensor`` pieces (FSDP2 over
 ``dp``, TP over ``tp``) of its pipeline stage's blocks, named as in the whole model

@@ -1,4 +1,4 @@
-"""Which group does what: each mesh dimension's collectives per step, and each rank's bytes (``21_capstone``).
+"""Which group does what: each mesh dimension's collectives per step, and each rank's bytes (``22_capstone``).
 
 ``GroupRecorder`` is a ``TorchDispatchMode`` (the mechanism of torch's own ``CommDebugMode``,
 which counts collectives but does not say on which group): every collective a rank issues

@@ -1,7 +1,7 @@
 """Elastic torchrun for real: a node joins, a node leaves, the workers restart from the last
-checkpoint with the new world size; and the failing rank's own traceback (``15_cluster``).
+checkpoint with the new world size; and the failing rank's own traceback (``16_cluster``).
 
-``08_torchrun`` restarted a crashed run on one node with ``--max-restarts``. Here the
+``09_torchrun`` restarted a crashed run on one node with ``--max-restarts``. Here the
 number of nodes changes while the job runs: ``--nnodes=1:2`` lets it run on one node or
 two, the c10d rendezvous lets a node join a running job (every worker restarts, the
 world grows) and lets the job go on when one leaves (the workers fail, restart, and the

@@ -1,4 +1,4 @@
-"""Slurm: the course's job scripts, and one ``srun`` task per rank without torchrun (``15_cluster``).
+"""Slurm: the course's job scripts, and one ``srun`` task per rank without torchrun (``16_cluster``).
 
 The scripts live next to this module, in ``ddp_tutorial/cluster/``; ``make slurm-test``
 submits exactly these files to a throwaway two-node Slurm, so what the lesson shows is

@@ -1,4 +1,4 @@
-"""What a launcher tells each process, several nodes on one machine, restarts and signals (``08_torchrun``).
+"""What a launcher tells each process, several nodes on one machine, restarts and signals (``09_torchrun``).
 
 Every rank reports the variables torchrun set for it; rank 0 gathers the
 reports and prints one JSON line per rank (prefix ``WHOAMI``), so the output

@@ -1,4 +1,4 @@
-"""Bus bandwidth, and how to measure an all-reduce against ``dist.all_reduce`` (``05_ring_all_reduce``).
+"""Bus bandwidth, and how to measure an all-reduce against ``dist.all_reduce`` (``06_ring_all_reduce``).
 
 Definitions are those of nccl-tests: for a message of ``bytes`` that takes ``time``,
 ``algbw = bytes / time`` and, for all-reduce, ``busbw = algbw * 2 (n - 1) / n``

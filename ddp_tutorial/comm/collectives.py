@@ -1,6 +1,6 @@
 """The collectives, one worker each: what every rank holds before and after.
 
-Used by ``04_collectives`` (pictures drawn from what these workers return) and by
+Used by ``05_collectives`` (pictures drawn from what these workers return) and by
 ``tests/comm/test_collectives.py``. Every worker returns ``(before, after)``: the
 values this rank holds, as lists, or ``None`` where the rank holds nothing
 (or nothing it may read). The flat forms that FSDP and ZeRO use are here too

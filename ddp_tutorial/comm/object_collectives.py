@@ -1,4 +1,4 @@
-"""Object collectives: any picklable Python object, for small metadata (``04_collectives``).
+"""Object collectives: any picklable Python object, for small metadata (``05_collectives``).
 
 ``all_gather_object`` and ``broadcast_object_list`` (also ``gather_object`` and
 ``scatter_object_list``) take Python objects instead of tensors. Each pickles the

@@ -1,6 +1,6 @@
 """Point-to-point messages: send/recv, isend/irecv, batch_isend_irecv, a token ring, deadlocks.
 
-Used by ``03_point_to_point``. The workers run under ``launch.spawn`` (the group
+Used by ``04_point_to_point``. The workers run under ``launch.spawn`` (the group
 is already set up), except ``swap``, which sets up its own group with a short
 timeout so that a deadlock turns into an error. From a shell:
 

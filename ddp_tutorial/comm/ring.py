@@ -1,6 +1,6 @@
 """Ring all-reduce from scratch: reduce-scatter, then all-gather, over point-to-point ops.
 
-Used by ``05_ring_all_reduce`` (and measured by ``python -m ddp_tutorial.bench allreduce``).
+Used by ``06_ring_all_reduce`` (and measured by ``python -m ddp_tutorial.bench allreduce``).
 From a shell:
 
     torchrun --nproc-per-node=2 -m ddp_tutorial.comm.ring
@@ -88,7 +88,7 @@ def ring_all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
 
     Chunked reduce-scatter then all-gather over ``isend``/``irecv`` around the ring
     of ``group`` (default: the whole world). Any numel (also 0 or fewer elements
-    than ranks), any dtype, ops SUM, PRODUCT, MIN, MAX and AVG (``05_ring_all_reduce``).
+    than ranks), any dtype, ops SUM, PRODUCT, MIN, MAX and AVG (``06_ring_all_reduce``).
     """
     _check(tensor, op)
     ring_all_reduce_flat(tensor.view(-1), op, group)
@@ -192,7 +192,7 @@ class Receives:
 
 
 def ring_trace(rank: int, world_size: int, numel: int | None = None) -> list[list[float]]:
-    """What this rank's tensor holds before and after each ring step (``05_ring_all_reduce``'s picture).
+    """What this rank's tensor holds before and after each ring step (``06_ring_all_reduce``'s picture).
 
     Rank ``r`` starts with ``10**r`` everywhere, so each digit of a (partial) sum
     tells which ranks have been added in: 1011 = ranks 0, 1 and 3.

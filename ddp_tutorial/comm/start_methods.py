@@ -1,6 +1,6 @@
 """How Python starts a child process, and the two classic ways to start ranks with it.
 
-Used by ``02_process_groups`` (section 3). ``multiprocessing`` has three *start methods*:
+Used by ``03_start_methods``. ``multiprocessing`` has three *start methods*:
 
 - ``fork``: ``os.fork()``; the child is a copy of the parent at that moment (its memory,
   the modules it imported, functions typed into a notebook). Nothing is pickled, so the

@@ -1,4 +1,4 @@
-"""Ring attention from scratch: attention over a sequence split across ranks (``19_long_sequences``).
+"""Ring attention from scratch: attention over a sequence split across ranks (``20_long_sequences``).
 
 Each rank holds a slice of the sequence: its queries, keys and values ``(batch, heads,
 seq/N, head_dim)``. A query needs *every* key, so the key/value blocks travel around the

@@ -1,4 +1,4 @@
-"""Ulysses: context parallelism by all-to-all, heads scattered and the sequence gathered (``19_long_sequences``).
+"""Ulysses: context parallelism by all-to-all, heads scattered and the sequence gathered (``20_long_sequences``).
 
 Ring attention keeps the heads whole and moves K/V blocks around the ring. DeepSpeed-Ulysses
 (Jacobs et al. 2023, arXiv:2309.14509) turns the split around for the attention itself: one

@@ -1,4 +1,4 @@
-"""Causal load balance for ring attention: the zig-zag layout (``19_long_sequences``).
+"""Causal load balance for ring attention: the zig-zag layout (``20_long_sequences``).
 
 With a causal mask a query attends only to keys before it. Cut the sequence into ``N``
 contiguous shards and rank 0's queries see one block (its own, half masked) while rank

@@ -1,4 +1,4 @@
-"""How big should a bucket be? Per-call latency against a late start (``07_ddp_from_scratch``).
+"""How big should a bucket be? Per-call latency against a late start (``08_ddp_from_scratch``).
 
 With ``n`` buckets carrying ``S`` bytes in all, communication costs about
 ``n * latency + S / bandwidth``. Small buckets leave early, while backward still runs, but

@@ -1,4 +1,4 @@
-"""DistributedDataParallel written from scratch, three ways (``07_ddp_from_scratch``).
+"""DistributedDataParallel written from scratch, three ways (``08_ddp_from_scratch``).
 
 - ``NaiveDDP``: after backward, one all-reduce per parameter.
 - ``FlatDDP``: after backward, all gradients copied into one flat tensor, one all-reduce.

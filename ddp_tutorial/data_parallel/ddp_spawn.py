@@ -1,4 +1,4 @@
-"""DistributedDataParallel, one process per device, started by spawn (``06_ddp_spawn``).
+"""DistributedDataParallel, one process per device, started by spawn (``07_ddp_spawn``).
 
 Every worker here has the rank-first signature ``worker(rank, world_size, ...)``
 so the notebook starts it with ``ddp_tutorial.launch.spawn`` (the process group

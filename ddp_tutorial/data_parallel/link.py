@@ -1,4 +1,4 @@
-"""A simulated wire of known bandwidth beside gloo, to show what overlap hides (``07_ddp_from_scratch``).
+"""A simulated wire of known bandwidth beside gloo, to show what overlap hides (``08_ddp_from_scratch``).
 
 On a few CPU cores gloo's all-reduce is work for the same cores that run backward, so
 starting it early hides little. On a GPU cluster the bytes are moved by other hardware

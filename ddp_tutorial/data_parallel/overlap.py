@@ -1,4 +1,4 @@
-"""What overlapping communication with backward can hide, rung by rung (``07_ddp_from_scratch``).
+"""What overlapping communication with backward can hide, rung by rung (``08_ddp_from_scratch``).
 
 For each DDP wrapper (torch DDP and the three from-scratch ones) ``exposed_communication``
 times three things on every rank, taking turns so that other programs disturb them alike:

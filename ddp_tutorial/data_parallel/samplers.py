@@ -1,4 +1,4 @@
-"""How ``DistributedSampler`` shares a dataset out, and what that does to a metric (``06_ddp_spawn``).
+"""How ``DistributedSampler`` shares a dataset out, and what that does to a metric (``07_ddp_spawn``).
 
 When ``N`` samples do not divide evenly over ``world_size`` ranks, ``DistributedSampler``
 gives every rank ``ceil(N / world_size)`` indices anyway: it **pads** by repeating the

@@ -1,4 +1,4 @@
-"""A parameter that gets no gradient: DDP's "Expected to have finished reduction" error (``06_ddp_spawn``).
+"""A parameter that gets no gradient: DDP's "Expected to have finished reduction" error (``07_ddp_spawn``).
 
 DDP all-reduces a bucket once the gradient of every parameter in it is ready. A
 parameter that the forward never used gets no gradient, so its bucket never fills:

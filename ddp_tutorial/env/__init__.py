@@ -2,10 +2,10 @@
 
 - ``devices``: the backend and device rule, as pure functions of device counts: NCCL and
   ``cuda:LOCAL_RANK`` only when CUDA has a device for every local rank, otherwise gloo on the
-  CPU (``00_start_here``, ``06_ddp_spawn``, ``train``);
+  CPU (``00_start_here``, ``07_ddp_spawn``, ``train``);
 - ``ranks``: torchrun's variables; a module that needs them, started without them, raises
   ``NotLaunchedError`` saying how to start it, instead of a ``KeyError: 'RANK'``;
-- ``slurm``: srun's variables mapped to the same (``15_cluster``).
+- ``slurm``: srun's variables mapped to the same (``16_cluster``).
 
 This module re-exports them and holds what needs a live group: ``rank_device()`` is where a
 rank's tensors must live (a CPU tensor through NCCL fails, "No backend type associated with
@@ -53,7 +53,7 @@ __all__ = ["cuda_device_count", "one_gpu_per_task", "gloo_beside_gpus", "choose_
 def rank_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """Where this rank's tensors live for ``group``'s backend (default group): ``cuda:LOCAL_RANK``
     when it serves CUDA, else the CPU. Every lesson that puts tensors through a collective uses it
-    (``03_point_to_point``, ``04_collectives``, ``06_ddp_spawn``, ...).
+    (``04_point_to_point``, ``05_collectives``, ``07_ddp_spawn``, ...).
     """
     backend = dist.get_backend(group)
     if backend == "undefined":  # a group made without a backend (torch 2.6+): "cuda:nccl", "cpu:gloo"
@@ -85,7 +85,7 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
     already initialised (by ``launch.spawn``), it is used and left alone.
     ``device`` (default: ``choose_device``) becomes the current CUDA device
     before the group exists: a model-parallel rank passes its first own GPU
-    (``09_model_parallel_ddp``), so it never opens a context on another's.
+    (``10_model_parallel_ddp``), so it never opens a context on another's.
     """
     info = rank_info(environ)
     if dist.is_initialized():
@@ -113,7 +113,7 @@ def distributed(backend: str | None = None, *, timeout: float = 300.0,
         # attempt gets keys of its own.
         env = os.environ if environ is None else environ
         # The agent hosts that store, unless told not to share it (TORCH_DISABLE_SHARE_RDZV_TCP_STORE,
-        # 15_cluster's elastic demo): then rank 0 hosts it, as init_process_group would.
+        # 16_cluster's elastic demo): then rank 0 hosts it, as init_process_group would.
         own_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "True") == "False" and info.rank == 0
         store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=own_store, timeout=limit)
         dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{info.restart_count}/", store),

@@ -1,9 +1,9 @@
 """Backend and device choice as pure functions of device counts (the rule of ``ddp_tutorial.env``).
 
 NCCL and ``cuda:LOCAL_RANK`` when CUDA has a device for every local rank, otherwise gloo
-on the CPU (``00_start_here``, ``02_process_groups``, ``06_ddp_spawn``). One exception: a rank
+on the CPU (``00_start_here``, ``02_process_groups``, ``07_ddp_spawn``). One exception: a rank
 that srun started as its own task under per-task GPU binding (``--gpus-per-task=1``,
-``--gpu-bind``) sees exactly one GPU, its own, so it takes NCCL on ``cuda:0`` (``15_cluster``).
+``--gpu-bind``) sees exactly one GPU, its own, so it takes NCCL on ``cuda:0`` (``16_cluster``).
 When CUDA is there but the rule still picks gloo, ``gloo_beside_gpus`` is the one line that
 says so, printed by ``env.distributed`` (the entry of every job: torchrun, srun) on stderr: a
 job that trains on CPUs beside idle GPUs is a mistake nobody notices otherwise. (Notebook ranks

@@ -2,7 +2,7 @@
 
 torchrun (and ``launch.spawn``) set ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``; a module that
 needs them, started without them, raises ``NotLaunchedError`` saying how to start it, instead
-of a ``KeyError: 'RANK'`` (``08_torchrun``, ``11_debugging_and_pitfalls``).
+of a ``KeyError: 'RANK'`` (``09_torchrun``, ``12_debugging_and_pitfalls``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
 def launcher_variable(name: str, environ: Mapping[str, str] | None = None) -> str:
     """A launcher variable exactly as set (``LOCAL_RANK``, ``RANK``, ...), or ``"unset"``.
 
-    For showing what a launcher did or did not set (11_debugging_and_pitfalls); code that needs
+    For showing what a launcher did or did not set (12_debugging_and_pitfalls); code that needs
     the rank uses ``rank_info`` or ``local_rank``.
     """
     return (os.environ if environ is None else environ).get(name, "unset")

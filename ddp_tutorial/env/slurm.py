@@ -1,7 +1,7 @@
 """Rank, local rank and world size of a task that ``srun`` started, from Slurm's variables.
 
 ``SLURM_PROCID`` -> rank, ``SLURM_LOCALID`` -> local rank, ``SLURM_NTASKS`` -> world size, the
-node's share from ``SLURM_TASKS_PER_NODE`` (``15_cluster``; ``python -m ddp_tutorial.cluster.jobs``
+node's share from ``SLURM_TASKS_PER_NODE`` (``16_cluster``; ``python -m ddp_tutorial.cluster.jobs``
 turns them into torchrun's variables). Pure functions of an environment mapping, unit-tested
 in tests/cluster/test_jobs.py.
 """
@@ -43,7 +43,7 @@ def slurm_rank_info(environ: Mapping[str, str] | None = None) -> RankInfo:
     ``SLURM_PROCID`` is the rank, ``SLURM_LOCALID`` the local rank, ``SLURM_NTASKS`` the world
     size; the node's own count comes from the per-node list (``SLURM_STEP_TASKS_PER_NODE``,
     else ``SLURM_TASKS_PER_NODE``, else ``SLURM_NTASKS_PER_NODE``) at ``SLURM_NODEID``
-    (``15_cluster``; ``python -m ddp_tutorial.cluster.jobs`` exports them the way torchrun would).
+    (``16_cluster``; ``python -m ddp_tutorial.cluster.jobs`` exports them the way torchrun would).
     """
     env = os.environ if environ is None else environ
     names = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID")

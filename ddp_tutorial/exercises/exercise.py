@@ -22,9 +22,9 @@ class Exercise:
     """
 
     name: str
-    number: str  # "5.1": lesson 05, first exercise; stable when other lessons gain exercises
+    number: str  # "6.1": lesson 06, first exercise; stable when other lessons gain exercises
     lesson: int
-    notebook: str  # "05_ring_all_reduce.ipynb"
+    notebook: str  # "06_ring_all_reduce.ipynb"
     title: str
     level: str
     task: str  # the short statement; the solution's docstring (copied into the stub) is the contract

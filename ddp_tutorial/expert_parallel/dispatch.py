@@ -1,4 +1,4 @@
-"""Expert parallelism: the experts split over ranks, tokens sent to them and back with all-to-all (``20_expert_parallel``).
+"""Expert parallelism: the experts split over ranks, tokens sent to them and back with all-to-all (``21_expert_parallel``).
 
 With ``E`` experts on ``n`` ranks, rank ``r`` holds experts ``r*E/n .. (r+1)*E/n`` and a copy
 of the router; every rank routes its own tokens. Then, per layer:
@@ -79,7 +79,7 @@ def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group: dist.Pr
 
 def exchange_counts(counts: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """``counts[e]``, the tokens I send to expert ``e``, in; ``received[src, j]`` out: what rank ``src``
-    sends to my ``j``-th expert. Equal parts (``E/n`` counts per rank): lesson 04's all-to-all."""
+    sends to my ``j``-th expert. Equal parts (``E/n`` counts per rank): lesson 05's all-to-all."""
     n = dist.get_world_size(group)
     received = torch.empty_like(counts)
     dist.all_to_all_single(received, counts, group=group)

@@ -1,7 +1,7 @@
-"""Expert parallelism with data parallelism: experts split, every other layer replicated (``20_expert_parallel``).
+"""Expert parallelism with data parallelism: experts split, every other layer replicated (``21_expert_parallel``).
 
 ``TinyMoENet`` is a linear, a residual mixture of experts, and a linear. On ``n`` ranks each
-rank trains on its own tokens (data parallelism, as in lesson 06); the experts are split over
+rank trains on its own tokens (data parallelism, as in lesson 07); the experts are split over
 groups of ``ep`` ranks (``n/ep`` copies of each, one per group), the dense layers and the
 router are copied on every rank. After backward:
 
@@ -12,7 +12,7 @@ router are copied on every rank. After backward:
 
 Then each step equals one process training on the global batch (``train_one_process``).
 The ranks ``r`` with the same ``r // ep`` form an expert-parallel group; the ranks with the
-same ``r % ep`` hold the same experts (a 2-D mesh, ``(n/ep) x ep``, as in lesson 14).
+same ``r % ep`` hold the same experts (a 2-D mesh, ``(n/ep) x ep``, as in lesson 15).
 
     torchrun --nproc-per-node=4 -m ddp_tutorial.expert_parallel.ep_dp             # 2 x 2: ep 2, 2 copies
     torchrun --nproc-per-node=4 -m ddp_tutorial.expert_parallel.ep_dp --ep 4      # every expert once

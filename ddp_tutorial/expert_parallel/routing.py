@@ -1,4 +1,4 @@
-"""Routing tokens to experts in one process: top-k gates, capacity, the balancing loss (``20_expert_parallel``).
+"""Routing tokens to experts in one process: top-k gates, capacity, the balancing loss (``21_expert_parallel``).
 
 A mixture-of-experts layer (``models.MixtureOfExperts``) sends each token to ``top_k`` of
 ``num_experts`` expert MLPs chosen by a router. Everything here is a pure function of the

@@ -27,7 +27,7 @@ The rendezvous store is hosted by the parent on a port the kernel picks
 as clients, exactly the way torchrun's workers join the agent's store.
 
 ``torchrun(module, nproc_per_node)`` runs the real ``torchrun`` in a subprocess
-and returns its exit code and output (used from ``08_torchrun`` on).
+and returns its exit code and output (used from ``09_torchrun`` on).
 
 The modules, parent to child:
 - ``spawner``: ``spawn``, the parent's side; ``spec``: ``LaunchSpec``, one launch's settings;

@@ -73,7 +73,7 @@ def warm_up() -> None:
 
     The forkserver imports torch once (seconds); every rank is then forked from it, in
     milliseconds. Notebooks call this before their first timed cell (``00_start_here``,
-    ``10_train_end_to_end``), so that no measurement carries the one-off start. Quick when warm.
+    ``11_train_end_to_end``), so that no measurement carries the one-off start. Quick when warm.
     """
     __tracebackhide__ = True
     view = choose_view()

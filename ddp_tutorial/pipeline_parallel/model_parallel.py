@@ -1,4 +1,4 @@
-"""Model parallelism inside one process, wrapped by DDP (``09_model_parallel_ddp``).
+"""Model parallelism inside one process, wrapped by DDP (``10_model_parallel_ddp``).
 
 A model too big for one device is split: its first half lives on ``dev0``, its
 second half on ``dev1``, and the activations cross between them in ``forward``.
@@ -63,7 +63,7 @@ def model_parallel_backend(local_world_size: int, cuda_devices: int | None = Non
 
 def model_parallel_plan(local_rank: int, local_world_size: int, cuda_devices: int, devices_per_rank: int = 2,
                         nccl_available: bool | None = None) -> tuple[str, tuple[torch.device, ...]]:
-    """The backend and ``local_rank``'s own devices (``09_model_parallel_ddp``); ``devices[0]`` becomes current.
+    """The backend and ``local_rank``'s own devices (``10_model_parallel_ddp``); ``devices[0]`` becomes current.
 
     nccl and GPUs ``2r, 2r+1`` when every local rank can have two, else gloo and the CPU
     twice (with 3 GPUs and 2 ranks, too: a rank never borrows another rank's GPU).
@@ -74,7 +74,7 @@ def model_parallel_plan(local_rank: int, local_world_size: int, cuda_devices: in
 
 
 class ToyMpModel(nn.Module):
-    """``ToyModel`` cut in two: ``net1 -> relu`` on ``dev0``, ``net2`` on ``dev1`` (``09_model_parallel_ddp``).
+    """``ToyModel`` cut in two: ``net1 -> relu`` on ``dev0``, ``net2`` on ``dev1`` (``10_model_parallel_ddp``).
 
     The parameter names are ToyModel's, so ``load_state_dict`` moves weights between the two.
     """

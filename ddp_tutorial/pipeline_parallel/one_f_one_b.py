@@ -1,6 +1,6 @@
-"""1F1B from scratch: one stage per rank, activations and gradients by ``isend``/``irecv`` (``18_pipeline_schedules``).
+"""1F1B from scratch: one stage per rank, activations and gradients by ``isend``/``irecv`` (``19_pipeline_schedules``).
 
-Lesson 09's ``pipeline_step`` runs GPipe: all forwards, then all backwards, so a stage
+Lesson 10's ``pipeline_step`` runs GPipe: all forwards, then all backwards, so a stage
 holds every micro-batch's activations at the turn. Here a stage runs any order of actions
 (``orders.gpipe_order``, ``orders.one_f_one_b_order``) and records when it ran each one;
 with 1F1B stage ``s`` never holds more than ``p - s`` micro-batches. The model is

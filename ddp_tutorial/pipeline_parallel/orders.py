@@ -1,4 +1,4 @@
-"""Pipeline schedules as orders of actions, simulated and measured (``18_pipeline_schedules``).
+"""Pipeline schedules as orders of actions, simulated and measured (``19_pipeline_schedules``).
 
 A schedule tells each stage in which order to run its micro-batches' forwards (``"F3"``:
 the forward of micro-batch 3) and backwards (``"B3"``). Everything here is pure Python,

@@ -1,4 +1,4 @@
-"""Pipelining a split model with micro-batches, and measuring its idle time (``09_model_parallel_ddp``).
+"""Pipelining a split model with micro-batches, and measuring its idle time (``10_model_parallel_ddp``).
 
 A naive split keeps one device busy at a time: ``dev1`` waits while ``dev0``
 works on the whole batch, then ``dev0`` waits. Cut the batch into micro-batches

@@ -1,4 +1,4 @@
-"""Pipeline stages across processes times data-parallel replicas: a 2-D grid (``09_model_parallel_ddp``).
+"""Pipeline stages across processes times data-parallel replicas: a 2-D grid (``10_model_parallel_ddp``).
 
 With ``world_size = num_stages x num_replicas`` ranks, rank ``r`` holds stage
 ``r % num_stages`` of replica ``r // num_stages``. Inside a replica, activations

@@ -1,4 +1,4 @@
-"""torch's pipeline schedules on ``PipelineStage``s, each run timed per action (``18_pipeline_schedules``).
+"""torch's pipeline schedules on ``PipelineStage``s, each run timed per action (``19_pipeline_schedules``).
 
 ``torch.distributed.pipelining`` runs the same model with any of its schedules: a rank
 holds one stage (``ScheduleGPipe``, ``Schedule1F1B``) or several (``ScheduleInterleaved1F1B``,

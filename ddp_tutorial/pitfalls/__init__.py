@@ -1,4 +1,4 @@
-"""The debugging lab of ``11_debugging_and_pitfalls``: classic mistakes, each reproduced for real.
+"""The debugging lab of ``12_debugging_and_pitfalls``: classic mistakes, each reproduced for real.
 
 Every demo is a worker with one mistake and a switch that applies the fix, bounded
 by a timeout, so a hang becomes a line of output instead of a frozen kernel.

@@ -1,4 +1,4 @@
-"""``python -m ddp_tutorial.pitfalls``: the demos of ``11_debugging_and_pitfalls`` from a shell.
+"""``python -m ddp_tutorial.pitfalls``: the demos of ``12_debugging_and_pitfalls`` from a shell.
 
     python -m ddp_tutorial.pitfalls                      # every demo, symptom then fix
     python -m ddp_tutorial.pitfalls joins uneven_inputs  # some of them, by name

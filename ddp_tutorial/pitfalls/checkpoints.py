@@ -1,6 +1,6 @@
 """Checkpoint pitfalls, reproduced for real: every rank writing one file, loading without ``map_location``.
 
-Used by ``11_debugging_and_pitfalls`` (through ``harness.outcome``). The right
+Used by ``12_debugging_and_pitfalls`` (through ``harness.outcome``). The right
 way is ``ddp_tutorial.training.checkpoint.save_checkpoint`` (rank 0, atomic) and
 ``torch.load(..., map_location=device, weights_only=True)``; these workers show
 what goes wrong without it. A write that pauses half way (``PausingWriter``)

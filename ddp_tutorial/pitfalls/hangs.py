@@ -1,6 +1,6 @@
 """Hangs: what gloo and NCCL do when ranks disagree, and a checklist for when a job hangs.
 
-Used by ``11_debugging_and_pitfalls`` (through ``pitfalls.collectives``) and ``06_ddp_spawn``.
+Used by ``12_debugging_and_pitfalls`` (through ``pitfalls.collectives``) and ``07_ddp_spawn``.
 
 gloo, the CPU backend, checks what it receives and raises on a timeout, so a
 mistake becomes a Python error on some rank. NCCL, built for GPUs, runs
@@ -31,7 +31,7 @@ __all__ = ["Expected", "DEMOS", "expect", "HANG_CHECKLIST"]
 
 @dataclass(frozen=True)
 class Expected:
-    """What a demo shows when the machine's backend is ``machine`` (``11_debugging_and_pitfalls``)."""
+    """What a demo shows when the machine's backend is ``machine`` (``12_debugging_and_pitfalls``)."""
 
     machine: str  # the backend the machine would choose: "gloo" or "nccl"
     runs_on: str  # the backend the demo uses there
@@ -63,7 +63,7 @@ _TABLE: dict[str, tuple[bool, tuple[str, str], tuple[str, str], str]] = {
         False, ("ok", "stuck in"), ("ok", "stuck in"),
         "the all-reduce that no rank joins is not raised: after the group's timeout NCCL's "
         "watchdog aborts the process; Join works the same on NCCL"),
-    "ddp_uneven_inputs": (  # ddp_spawn.uneven_inputs without Join (06_ddp_spawn)
+    "ddp_uneven_inputs": (  # ddp_spawn.uneven_inputs without Join (07_ddp_spawn)
         True, ("error", "Timed out"), ("error", "exited with code"),
         "the all-reduce that no rank joins is not raised: after the group's timeout NCCL's "
         "watchdog aborts the process, so the rank exits without a Python exception"),

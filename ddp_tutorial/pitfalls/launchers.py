@@ -1,7 +1,7 @@
 """Launcher pitfalls: a port already in use, and ``--local_rank`` versus ``LOCAL_RANK``.
 
-Used by ``11_debugging_and_pitfalls`` (the fix for the second is
-``multinode.resolve_local_rank`` from ``08_torchrun``). Run as a script, this module
+Used by ``12_debugging_and_pitfalls`` (the fix for the second is
+``multinode.resolve_local_rank`` from ``09_torchrun``). Run as a script, this module
 is written the old way on purpose: it reads ``--local_rank``, the argument the
 deprecated ``torch.distributed.launch`` passed, and reports what each rank sees:
 
@@ -49,7 +49,7 @@ def store_on_port_zero() -> bool:
 
 def local_rank_report(args: argparse.Namespace) -> None:
     """Print what this rank gets from ``--local_rank``, from ``LOCAL_RANK`` and from the fix."""
-    from ddp_tutorial.cluster.multinode import resolve_local_rank  # the fix, from 08_torchrun
+    from ddp_tutorial.cluster.multinode import resolve_local_rank  # the fix, from 09_torchrun
 
     rank = rank_info()
     # The raw variable is the lesson here: what the launcher did or did not set.

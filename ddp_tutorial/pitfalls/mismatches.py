@@ -1,4 +1,4 @@
-"""Collectives that do not match across ranks, and ranks that never meet (``11_debugging_and_pitfalls``).
+"""Collectives that do not match across ranks, and ranks that never meet (``12_debugging_and_pitfalls``).
 
 Each worker is a small program with one classic mistake, plus a switch that applies
 the fix; ``harness.outcome`` runs one and says what happened. ``hangs.expect`` picks

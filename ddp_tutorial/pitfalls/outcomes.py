@@ -1,4 +1,4 @@
-"""Run one pitfall demo and describe what happened in one stable line (``11_debugging_and_pitfalls``).
+"""Run one pitfall demo and describe what happened in one stable line (``12_debugging_and_pitfalls``).
 
 Every demo of the lab is a worker with one classic mistake. ``outcome()`` runs it
 through ``launch.spawn`` with a timeout and never raises: an error on some rank, a

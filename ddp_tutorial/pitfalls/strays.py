@@ -1,6 +1,6 @@
 """Processes that outlive their job, found and ended by process id; and a spawn target in ``__main__``.
 
-Used by ``11_debugging_and_pitfalls``. ``crash_a_job()`` starts a launcher with
+Used by ``12_debugging_and_pitfalls``. ``crash_a_job()`` starts a launcher with
 two "ranks" (each holding a listening port, as rank 0's rendezvous store does)
 and kills the launcher with SIGKILL, the way an out-of-memory killer or
 ``kill -9`` does: nothing tells the ranks, so they keep running and keep the

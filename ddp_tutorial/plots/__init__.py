@@ -1,13 +1,13 @@
 """Matplotlib drawings used by the notebooks, made from values the workers really returned.
 
 Functions take an ``ax`` (or create a figure) and return it; they never call
-``plt.show()``. ``comm``: collectives, the ring, bandwidth (lessons 02-05, 07);
-``timelines``: overlap, bucket sweeps, pipelines (07, 09); ``sharding``: bytes per rank
-(13); ``meshes``: which rank holds which block of a tensor (14), each rank's mesh
-coordinates (21); ``saved_bytes``: saved bytes by op
-and recomputation's trade-off (16); ``schedules``: pipeline
-schedules, a lane per rank (18); ``workload``: causal attention's work per rank (19); ``experts``:
-the tokens each rank sends each rank, the load per expert (20).
+``plt.show()``. ``comm``: collectives, the ring, bandwidth (lessons 02-06, 08);
+``timelines``: overlap, bucket sweeps, pipelines (08, 10); ``sharding``: bytes per rank
+(14); ``meshes``: which rank holds which block of a tensor (15), each rank's mesh
+coordinates (22); ``saved_bytes``: saved bytes by op
+and recomputation's trade-off (17); ``schedules``: pipeline
+schedules, a lane per rank (19); ``workload``: causal attention's work per rank (20); ``experts``:
+the tokens each rank sends each rank, the load per expert (21).
 """
 
 from ddp_tutorial.plots.comm import (

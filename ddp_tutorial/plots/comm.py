@@ -1,6 +1,6 @@
 """Pictures of communication: collectives, the ring, bandwidth, subgroups and tokens.
 
-Used by ``02_process_groups`` to ``05_ring_all_reduce`` and ``07_ddp_from_scratch``
+Used by ``02_process_groups`` to ``06_ring_all_reduce`` and ``08_ddp_from_scratch``
 (the all-reduce cost fit), always drawn from values the workers really returned.
 """
 
@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the p
     from matplotlib.axes import Axes
 
 
-# ---------------------------------------------------------------- 04 collectives, 05 ring
+# ---------------------------------------------------------------- 05 collectives, 06 ring
 
 _CELL_INCHES = 0.55  # one element of a rank's tensor
 _NOTE_CELLS = 3  # cells "(nothing to read)" or a panel's title spans
@@ -133,7 +133,7 @@ def plot_busbw(rows: list, ax: Axes, memcpy_gbps: float | None = None) -> Axes:
     return ax
 
 
-# ---------------------------------------------------------------- 02 process groups, 03 point-to-point
+# ---------------------------------------------------------------- 02 process groups, 04 point-to-point
 
 
 def plot_subgroups(results: list, ax: Axes | None = None) -> Axes:
@@ -183,7 +183,7 @@ def plot_token_ring(results: list, ax: Axes | None = None) -> Axes:
     return ax
 
 
-# ---------------------------------------------------------------- 07 DDP from scratch: the cost model
+# ---------------------------------------------------------------- 08 DDP from scratch: the cost model
 
 
 def plot_allreduce_fit(nbytes: list, seconds: list, latency: float, bandwidth: float,

@@ -1,6 +1,6 @@
 """Where the tokens of a mixture of experts go: the send/receive matrix and the load per expert.
 
-Used by ``20_expert_parallel``, drawn from the counts the workers returned (``expert_parallel.dispatch``:
+Used by ``21_expert_parallel``, drawn from the counts the workers returned (``expert_parallel.dispatch``:
 each rank's ``sent``, the tokens it sends to each expert; ``expert_parallel.routing.balance_run``:
 the tokens per expert at every step).
 """

@@ -1,6 +1,6 @@
 """Which rank holds which block of a tensor: DTensor placements and tensor-parallel weights.
 
-Used by ``14_tensor_parallel``, drawn from the shapes and offsets the workers returned
+Used by ``15_tensor_parallel``, drawn from the shapes and offsets the workers returned
 (``device_mesh``: each block's ``shape``, ``offset``, ``global_shape`` and ``placements``).
 """
 
@@ -78,7 +78,7 @@ def plot_tensor_blocks(blocks: Sequence[dict], names: Sequence[str], axes: Seque
 
 
 def plot_rank_grid(coords: Sequence[dict], sizes: dict, ax: Axes | None = None, title: str = "") -> Axes:
-    """Each rank at its mesh coordinates (``21_capstone``): ``pp`` stages as panels side by side,
+    """Each rank at its mesh coordinates (``22_capstone``): ``pp`` stages as panels side by side,
     ``dp`` replicas as rows, ``tp`` as columns, each cell labelled with its rank and coordinates.
 
     ``coords[rank]`` is what that rank reported (``{"pp": 0, "dp": 1, "cp": 0, "tp": 1}``);

@@ -1,4 +1,4 @@
-"""Where a rank's bytes go (``16_memory``): saved bytes by op next to the formula, and recomputation's trade-off.
+"""Where a rank's bytes go (``17_memory``): saved bytes by op next to the formula, and recomputation's trade-off.
 
 Drawn from what ``sharding.activations`` and ``sharding.recompute`` measured; the trade-off
 is also ``python -m ddp_tutorial.bench memory --plot``.

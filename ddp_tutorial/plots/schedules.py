@@ -1,4 +1,4 @@
-"""Pipeline schedules drawn from their timelines: a lane per rank, a box per action (``18_pipeline_schedules``).
+"""Pipeline schedules drawn from their timelines: a lane per rank, a box per action (``19_pipeline_schedules``).
 
 Events are ``(rank, stage, kind, micro, start, end)`` as ``pipeline_parallel.orders`` and the
 workers of ``one_f_one_b`` and ``torch_schedules`` record them: F, B and W in three shades of a

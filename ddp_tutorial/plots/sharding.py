@@ -1,4 +1,4 @@
-"""Bytes per rank of each sharding strategy, measured next to the textbook formulas (``13_sharding``).
+"""Bytes per rank of each sharding strategy, measured next to the textbook formulas (``14_sharding``).
 
 Drawn from the rows of ``memory.table_rows`` (what the ranks' real tensors held); also used
 by ``python -m ddp_tutorial.bench sharding --plot``.

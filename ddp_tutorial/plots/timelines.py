@@ -1,6 +1,6 @@
 """Timelines and grids: DDP's communication overlapping backward, bucket sweeps, pipelines.
 
-Used by ``07_ddp_from_scratch`` and ``09_model_parallel_ddp``, always drawn from
+Used by ``08_ddp_from_scratch`` and ``10_model_parallel_ddp``, always drawn from
 timestamps and values the workers really returned.
 """
 
@@ -12,13 +12,13 @@ if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the p
     from matplotlib.axes import Axes
 
 
-# ---------------------------------------------------------------- 09 model parallel
+# ---------------------------------------------------------------- 10 model parallel
 
 
 def plot_pipeline_timeline(events: list, ax: Axes | None = None, num_stages: int = 2, title: str = "",
                            unit: str = "ms", xmax: float | None = None) -> Axes:
     """Gantt chart of ``pipeline`` events ``(stage, micro_batch, start, end)``: a lane per stage,
-    a bar per micro-batch (same colour = same micro-batch), white space = idle (``09_model_parallel_ddp``).
+    a bar per micro-batch (same colour = same micro-batch), white space = idle (``10_model_parallel_ddp``).
     ``xmax`` (in the events' unit) gives several charts one time axis."""
     import matplotlib.pyplot as plt
 
@@ -42,7 +42,7 @@ def plot_pipeline_timeline(events: list, ax: Axes | None = None, num_stages: int
 
 def plot_stage_grid(results: list, ax: Axes | None = None) -> Axes:
     """The stages x replicas grid of ``pipeline_grid``: a box per rank, p2p arrows along each
-    pipeline, all-reduce links between the ranks holding the same stage (``09_model_parallel_ddp``)."""
+    pipeline, all-reduce links between the ranks holding the same stage (``10_model_parallel_ddp``)."""
     import matplotlib.pyplot as plt
 
     num_stages = max(r["stage"] for r in results) + 1
@@ -76,7 +76,7 @@ def plot_stage_grid(results: list, ax: Axes | None = None) -> Axes:
     return ax
 
 
-# ---------------------------------------------------------------- 07 DDP from scratch
+# ---------------------------------------------------------------- 08 DDP from scratch
 
 
 def plot_overlap_timeline(timelines: list, ax: Axes | None = None, title: str = "") -> Axes:

@@ -1,4 +1,4 @@
-"""Who computes how much under causal ring attention: the contiguous and zig-zag layouts (lesson 19)."""
+"""Who computes how much under causal ring attention: the contiguous and zig-zag layouts (lesson 20)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Activation memory, measured: every tensor autograd saves for backward, by layer and by op.
 
-``16_memory`` counts what a forward pass keeps alive for backward with
+``17_memory`` counts what a forward pass keeps alive for backward with
 ``torch.autograd.graph.saved_tensors_hooks``: its pack hook sees each tensor an op saves.
 ``SavedTensors`` records them, with the op that saved them (a ``TorchFunctionMode`` names the
 ``torch`` function running: ``linear``, ``softmax``, ``dropout``, ...) and the module it ran in
@@ -14,7 +14,7 @@ dropout: with ``e`` bytes per activation, ``m`` per dropout-mask element, ``T = 
 width ``h`` and ``a`` heads, one block saves ``T·h·(16e + 2m) + a·s·T·(2e + m)`` bytes, plus the
 LayerNorms' float32 mean and 1/std (16 bytes per token). For ``e = 2, m = 1`` (CUDA's fused
 dropout keeps a bool mask) this is the paper's ``s·b·h·(34 + 5·a·s/h)``; on a CPU ``F.dropout``
-multiplies by a mask of the activation's dtype (``m = e``). ``16_memory`` measures each term.
+multiplies by a mask of the activation's dtype (``m = e``). ``17_memory`` measures each term.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``bytes_per_rank(shape, micro_batch=..., dp=..., tp=..., pp=..., cp=..., zero=..., recompute=...)``
 returns the parameters, gradients, optimizer state and activations one rank holds at the peak
-of a step (after forward, before backward frees anything), as ``16_memory`` derives them; later
+of a step (after forward, before backward frees anything), as ``17_memory`` derives them; later
 lessons (ZeRO-3, tensor/sequence/context parallelism, the capstone) call it for their own layouts.
 
 Exact (asserted against bytes measured from real tensors in ``tests/sharding/test_memory_calculator.py``)
@@ -152,7 +152,7 @@ def gib(nbytes: float) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m ddp_tutorial.sharding.calculator --model llama-8b --dp 8 --zero 1 --recompute full``."""
-    parser = argparse.ArgumentParser(description="bytes per rank for a model and a parallel layout (16_memory)")
+    parser = argparse.ArgumentParser(description="bytes per rank for a model and a parallel layout (17_memory)")
     parser.add_argument("--model", choices=sorted(PRESETS), default="llama-8b")
     parser.add_argument("--seq", type=int, default=0, help="sequence length (0: the preset's)")
     parser.add_argument("--micro-batch", type=int, default=1)

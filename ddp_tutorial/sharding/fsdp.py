@@ -1,4 +1,4 @@
-"""FSDP2: every rank keeps 1/N of the parameters too, and gathers a layer only while it computes (``13_sharding``).
+"""FSDP2: every rank keeps 1/N of the parameters too, and gathers a layer only while it computes (``14_sharding``).
 
 ``fully_shard(module)`` replaces each parameter by a ``DTensor`` sharded on dim 0 over the
 mesh: rank r keeps rows r/N of every weight (``param.to_local()``). Each module passed to

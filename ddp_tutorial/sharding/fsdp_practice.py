@@ -1,6 +1,6 @@
-"""FSDP2 as it is used in practice: no rank ever builds the whole model (``17_zero3_and_checkpoints``).
+"""FSDP2 as it is used in practice: no rank ever builds the whole model (``18_zero3_and_checkpoints``).
 
-Lesson 13 built the model whole on every rank, then called ``fully_shard``: the very thing
+Lesson 14 built the model whole on every rank, then called ``fully_shard``: the very thing
 that does not fit. In practice:
 
 - **meta-device initialisation**: under ``torch.device("meta")`` the model has shapes and no

@@ -1,6 +1,6 @@
-"""Bytes per rank: the textbook formulas, what a rank really holds, and the model lesson 13 counts them on.
+"""Bytes per rank: the textbook formulas, what a rank really holds, and the model lesson 14 counts them on.
 
-``13_sharding`` compares four ways to train one model on N ranks by the *model states*
+``14_sharding`` compares four ways to train one model on N ranks by the *model states*
 each rank holds: parameters, gradients and optimizer state (activations and temporary
 communication buffers are not counted: they depend on the batch, not on the model).
 With Psi parameters in float32 and Adam (two states per parameter):

@@ -1,6 +1,6 @@
 """Mixed precision: what bf16 and fp16 can hold, loss scaling, fp32 master weights, and their bytes.
 
-``16_memory`` shows where each 16-bit format breaks (``breaking_points``), rescues fp16's
+``17_memory`` shows where each 16-bit format breaks (``breaking_points``), rescues fp16's
 gradients with a loss scale (``scaled_gradients``, ``torch.amp.GradScaler``), counts the
 ZeRO paper's 2 + 2 + 12 bytes per parameter on real tensors (``MasterWeights``), and trains
 the same model in float32 and under ``torch.autocast(dtype=torch.bfloat16)`` (``train_losses``).

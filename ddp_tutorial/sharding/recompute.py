@@ -1,6 +1,6 @@
 """Activation checkpointing: keep less for backward, compute part of the forward again.
 
-``16_memory`` wraps each block of a ``TinyGPT`` (``TinyTransformer`` with dropout) in ``Recomputed``:
+``17_memory`` wraps each block of a ``TinyGPT`` (``TinyTransformer`` with dropout) in ``Recomputed``:
 
 - ``"full"``: ``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`` keeps only
   the block's input; backward runs the block's forward again to get everything else back

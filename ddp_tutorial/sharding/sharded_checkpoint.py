@@ -1,6 +1,6 @@
-"""Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP) that load on another number of ranks (``17_zero3_and_checkpoints``).
+"""Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP) that load on another number of ranks (``18_zero3_and_checkpoints``).
 
-Lesson 10's checkpoint is one file that rank 0 writes with ``torch.save``. With FSDP2 no rank
+Lesson 11's checkpoint is one file that rank 0 writes with ``torch.save``. With FSDP2 no rank
 holds the whole model: its parameters and Adam's state are ``DTensor`` shards. DCP writes each
 rank's shards in parallel into one folder (a ``.distcp`` file per rank, plus ``.metadata``
 naming which piece of which tensor lies where) and reads them back on *any* number of ranks:

@@ -1,6 +1,6 @@
-"""Crash, restart, resume from a sharded checkpoint to identical weights (``17_zero3_and_checkpoints``).
+"""Crash, restart, resume from a sharded checkpoint to identical weights (``18_zero3_and_checkpoints``).
 
-Lesson 10 resumes DDP from rank 0's ``torch.save`` file. With FSDP2 each rank saves its own
+Lesson 11 resumes DDP from rank 0's ``torch.save`` file. With FSDP2 each rank saves its own
 shards through DCP, and the training state is one ``Stateful`` object (``TrainingState``):
 DCP calls its ``state_dict()`` when saving and its ``load_state_dict()`` after reading, so the
 model, the optimizer and the step travel together.

@@ -1,4 +1,4 @@
-"""ZeRO from scratch: shard the optimizer state (ZeRO-1), then the gradients (ZeRO-2) (``13_sharding``).
+"""ZeRO from scratch: shard the optimizer state (ZeRO-1), then the gradients (ZeRO-2) (``14_sharding``).
 
 DDP keeps everything on every rank. But Adam is elementwise: the update of element i
 needs only element i's parameter, gradient and two states. So each of N ranks can own
@@ -11,7 +11,7 @@ one slice of 1/N of all elements and keep Adam's state for that slice only:
 4. ``all_gather_single``: every rank receives every updated slice.
 
 A reduce-scatter plus an all-gather move as many bytes as one all-reduce (a ring
-all-reduce *is* the two, lesson 05), so ZeRO-1 costs DDP's communication. With
+all-reduce *is* the two, lesson 06), so ZeRO-1 costs DDP's communication. With
 ``stage=2`` (ZeRO-2-style) a rank also drops its full gradients once they are
 reduced and keeps only its slice. Real ZeRO-2 (DeepSpeed) reduce-scatters bucket by
 bucket during backward, so the full gradients never exist at once; here they exist

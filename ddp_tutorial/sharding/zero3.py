@@ -1,4 +1,4 @@
-"""ZeRO-3 from scratch: the parameters sharded too, gathered one module at a time (``17_zero3_and_checkpoints``).
+"""ZeRO-3 from scratch: the parameters sharded too, gathered one module at a time (``18_zero3_and_checkpoints``).
 
 ZeRO-1 and ZeRO-2 (``zero``) shard the optimizer state and the gradients; every rank still
 holds every weight. ``Zero3`` shards the weights themselves, as FSDP does:

@@ -1,4 +1,4 @@
-"""ZeRO-3 from scratch against one process, and what a rank holds while it trains (``17_zero3_and_checkpoints``).
+"""ZeRO-3 from scratch against one process, and what a rank holds while it trains (``18_zero3_and_checkpoints``).
 
 The references are computed another way, in one process with every weight whole:
 

@@ -1,4 +1,4 @@
-"""DeviceMesh, DTensor and ``parallelize_module``, then a 2-D mesh (``14_tensor_parallel``).
+"""DeviceMesh, DTensor and ``parallelize_module``, then a 2-D mesh (``15_tensor_parallel``).
 
 ``tensor_parallel`` split ToyModel by hand. Here torch does the bookkeeping:
 

@@ -1,4 +1,4 @@
-"""The Llama tensor-parallel plan with ``parallelize_module``, sequence parallel, and ``loss_parallel`` (``19_long_sequences``).
+"""The Llama tensor-parallel plan with ``parallelize_module``, sequence parallel, and ``loss_parallel`` (``20_long_sequences``).
 
 ``sequence_parallel`` and ``vocab_parallel`` split a block and the vocabulary by hand. torch
 says the same in a *plan*: a dict from submodule names to styles (torchtitan's Llama plan):

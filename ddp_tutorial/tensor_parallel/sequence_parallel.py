@@ -1,6 +1,6 @@
-"""A Llama block split by hand: attention heads over ranks, then sequence parallelism (``19_long_sequences``).
+"""A Llama block split by hand: attention heads over ranks, then sequence parallelism (``20_long_sequences``).
 
-Lesson 14 split an MLP. A transformer block has two such pairs: the attention, whose
+Lesson 15 split an MLP. A transformer block has two such pairs: the attention, whose
 ``wq``/``wk``/``wv`` are column-parallel **by heads** (rank ``r`` holds heads ``r h/t ..
 (r+1) h/t``: heads are independent, so attention needs no communication) and ``wo``
 row-parallel; and the MLP, ``w1``/``w3`` column-, ``w2`` row-parallel. Megatron's ``f``

@@ -1,6 +1,6 @@
-"""Tensor parallelism by hand: one MLP split over ranks, Megatron-style (``14_tensor_parallel``).
+"""Tensor parallelism by hand: one MLP split over ranks, Megatron-style (``15_tensor_parallel``).
 
-Data parallelism (lessons 06-07) copies the whole model to every rank. Tensor parallelism
+Data parallelism (lessons 07-08) copies the whole model to every rank. Tensor parallelism
 splits each weight matrix instead, so every rank holds and computes a slice of every layer.
 For a two-layer MLP ``y = relu(x A) B`` (here ``ToyModel``: ``net1 -> relu -> net2``) the
 Megatron-LM paper splits ``A`` by columns and ``B`` by rows:

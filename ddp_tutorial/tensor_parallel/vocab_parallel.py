@@ -1,4 +1,4 @@
-"""The vocabulary split over ranks: an embedding and a cross-entropy that never gather it (``19_long_sequences``).
+"""The vocabulary split over ranks: an embedding and a cross-entropy that never gather it (``20_long_sequences``).
 
 An LLM's largest matrices are often the token embedding and the output head, ``vocab x dim``
 each. Split by vocabulary rows, rank ``r`` holds tokens ``r V/t .. (r+1) V/t``:

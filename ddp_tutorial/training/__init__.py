@@ -1,7 +1,7 @@
-"""Part 3, training (lesson 10): a complete DDP training program and what it needs to be trusted.
+"""Part 3, training (lesson 11): a complete DDP training program and what it needs to be trusted.
 
 The modules, in lesson order:
-- ``train`` (10): end-to-end DDP training, alone, under torchrun or from a notebook;
+- ``train`` (11): end-to-end DDP training, alone, under torchrun or from a notebook;
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.training.train --epochs 5``,
   ``python -m ddp_tutorial.training.train --epochs 5`` (one process)
 - ``data``: the offline datasets (digits, CIFAR-10 from a folder, fake) and each rank's loaders
@@ -10,7 +10,7 @@ The modules, in lesson order:
 - ``reproducibility``: one seed for every rank, deterministic kernels where they matter
 - ``warmup``: a linear learning-rate warm-up for the larger global batch
 - ``preemption``: stop on a signal the ranks agree on, after the epoch (USR1, a time limit's warning)
-  or after the step with a mid-epoch checkpoint (TERM, a preemption) (used by lessons 08 and 15)
+  or after the step with a mid-epoch checkpoint (TERM, a preemption) (used by lessons 09 and 16)
 
 ``cluster`` runs this part on several nodes and under Slurm; this part never imports ``cluster``.
 """

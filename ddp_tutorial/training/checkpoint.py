@@ -1,7 +1,7 @@
 """Checkpoints that survive a crash: written by rank 0 atomically, read with ``weights_only``.
 
-Used by ``train`` (``--checkpoint PATH --resume``), ``08_torchrun`` (a run
-killed and restarted by ``torchrun --max-restarts``) and ``10_train_end_to_end``.
+Used by ``train`` (``--checkpoint PATH --resume``), ``09_torchrun`` (a run
+killed and restarted by ``torchrun --max-restarts``) and ``11_train_end_to_end``.
 
 - Only rank 0 writes: after DDP's all-reduce every rank holds the same weights,
   so one copy is enough, and two writers to one file would corrupt it.

@@ -1,4 +1,4 @@
-"""Offline datasets and the loaders each rank trains on (``10_train_end_to_end``, ``train``).
+"""Offline datasets and the loaders each rank trains on (``11_train_end_to_end``, ``train``).
 
 - ``digits``: scikit-learn's 1,797 real 8x8 handwritten digits, shipped with the
   package (no download), split into train/test with a fixed seed.
@@ -6,7 +6,7 @@
   with an explicit flag, by local rank 0 first while the other ranks wait.
 - ``fake``: torchvision's ``FakeData`` (random images) for throughput runs.
 - ``SlowDataset``: any of them with a wait per sample, standing in for reading files
-  (``10_train_end_to_end`` times DataLoader workers on it).
+  (``11_train_end_to_end`` times DataLoader workers on it).
 
 Training data is split between ranks by ``DistributedSampler`` (call
 ``set_epoch`` every epoch); test data by ``shard_indices``, which never pads, so

@@ -1,4 +1,4 @@
-"""Evaluating under DDP: every rank scores its own shard, one all-reduce adds them up (``10_train_end_to_end``).
+"""Evaluating under DDP: every rank scores its own shard, one all-reduce adds them up (``11_train_end_to_end``).
 
 Test loss and accuracy are sums over the samples (loss sum, correct, count), so the work
 splits: each rank scores the unpadded shard ``data.shard_indices`` gives it and one

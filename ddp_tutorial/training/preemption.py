@@ -1,4 +1,4 @@
-"""Stop cleanly when the scheduler says so, so a requeued job resumes where it stopped (``15_cluster``).
+"""Stop cleanly when the scheduler says so, so a requeued job resumes where it stopped (``16_cluster``).
 
 Slurm ends a job in one of two ways, and each has its own path here:
 
@@ -19,7 +19,7 @@ Why agree: a signal reaches the ranks at slightly different moments. A rank that
 alone would leave the others waiting in the next all-reduce until they time out. So the
 ranks all-reduce (MAX) one flag, at each epoch's end for USR1 and before each step for TERM,
 and all stop or none does. Without TERM in the list, ``exit_on_sigterm`` keeps torch's
-launchers' meaning: torchrun stops its workers with SIGTERM to restart them (lesson 08).
+launchers' meaning: torchrun stops its workers with SIGTERM to restart them (lesson 09).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Reproducible training: one seed for every rank, and deterministic kernels where they matter.
 
-Used by ``train`` (``10_train_end_to_end`` shows ``seed_everything``; ``08_torchrun``
+Used by ``train`` (``11_train_end_to_end`` shows ``seed_everything``; ``09_torchrun``
 and ``10`` compare runs bitwise). Every switch is set both ways, so a call with
 ``deterministic=False`` undoes an earlier ``True``; the choices are pure functions,
 tested without a GPU.
@@ -19,14 +19,14 @@ __all__ = ["seed_everything", "determinism_switches", "deterministic_for"]
 def deterministic_for(requested: bool | None, device_type: str) -> bool:
     """``--deterministic`` as asked; unset (None), deterministic exactly when training on a GPU.
 
-    The lessons compare GPU runs bitwise (08: a restarted job, 10: a resumed one); on the
+    The lessons compare GPU runs bitwise (09: a restarted job, 11: a resumed one); on the
     CPU the kernels used here are deterministic already, so nothing needs switching.
     """
     return device_type == "cuda" if requested is None else requested
 
 
 def determinism_switches(deterministic: bool, cuda: bool) -> dict[str, object]:
-    """The global switches ``seed_everything`` sets, each set both ways (``10_train_end_to_end``).
+    """The global switches ``seed_everything`` sets, each set both ways (``11_train_end_to_end``).
 
     Pure, so the choice is tested without a GPU. ``CUBLAS_WORKSPACE_CONFIG`` None: left alone.
     """

@@ -1,6 +1,6 @@
 """End-to-end DDP training: one program that runs alone, under torchrun, or from a notebook.
 
-Used by ``10_train_end_to_end`` (through ``launch.spawn``), ``08_torchrun`` (fault
+Used by ``11_train_end_to_end`` (through ``launch.spawn``), ``09_torchrun`` (fault
 tolerance) and ``python -m ddp_tutorial.bench train``. From a shell:
 
     python -m ddp_tutorial.training.train                              # one process, digits
@@ -9,7 +9,7 @@ tolerance) and ``python -m ddp_tutorial.bench train``. From a shell:
         --checkpoint ckpt/digits.pt --resume --fail-at-step 30   # crash once, restart, resume
     torchrun --nproc-per-node=2 -m ddp_tutorial.training.train --dataset cifar10 --data-dir data [--download]
     srun python -m ddp_tutorial.cluster.jobs ddp_tutorial.training.train --checkpoint ckpt.pt --resume \\
-        --stop-on-signal USR1,TERM                             # in a Slurm job: stop, requeue, resume (15_cluster)
+        --stop-on-signal USR1,TERM                             # in a Slurm job: stop, requeue, resume (16_cluster)
 
 Every rank builds the same model from the same seed, trains on its own share of
 the data (``DistributedSampler``), and DDP averages the gradients; metrics are
@@ -86,8 +86,8 @@ class TrainConfig:
     num_samples: int = 2048  # fake data only
     image_size: int = 32  # fake data only
     workers: int = 0  # DataLoader worker processes per rank
-    deterministic: bool | None = None  # None: on a GPU, so runs repeat bitwise (lessons 08, 10); see deterministic_for
-    stop_on_signal: str | None = None  # "USR1": stop after the epoch; "USR1,TERM": TERM after the step (15_cluster)
+    deterministic: bool | None = None  # None: on a GPU, so runs repeat bitwise (lessons 09, 11); see deterministic_for
+    stop_on_signal: str | None = None  # "USR1": stop after the epoch; "USR1,TERM": TERM after the step (16_cluster)
     log: bool = True
 
 

@@ -1,4 +1,4 @@
-"""A linear learning-rate warm-up, for the larger global batch of more processes (``10_train_end_to_end``).
+"""A linear learning-rate warm-up, for the larger global batch of more processes (``11_train_end_to_end``).
 
 With the per-process batch kept, N processes make the global batch N times larger, and the
 linear scaling rule multiplies the learning rate by N. Started at full strength, that rate

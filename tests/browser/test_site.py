@@ -10,9 +10,9 @@ search that finds ``all_reduce``. Screenshots for review go to build/site-screen
 
 The traceback rule: a stored traceback (an error output, or "Traceback (most recent call last)"
 in an output) may appear only
-- in a cell tagged ``raises-exception``: the cell fails on purpose (02's notebook-defined worker);
+- in a cell tagged ``raises-exception``: the cell fails on purpose (03's notebook-defined worker);
 - in a cell tagged ``nbval-ignore-output`` (torch's own text, stored verbatim) that shows an error
-  the course raises on purpose, listed in DELIBERATE with the line that says so (15: torchrun's
+  the course raises on purpose, listed in DELIBERATE with the line that says so (16: torchrun's
   @record report of ``elastic --raise-on-rank 1``).
 Caught errors shown as one line by ``nbtools.show_error`` ("RuntimeError: says ...") are
 summaries, not tracebacks, and are fine anywhere.
@@ -37,7 +37,7 @@ PAGES = (["index.html"] + [f"lessons/{name}.html" for name in LESSONS] + ["exerc
          + sorted(f"api/{p.name}" for p in (SITE / "api").glob("*.html")))
 TRACEBACK = "Traceback (most recent call last)"
 # page -> the line of a traceback that a lesson shows on purpose in an nbval-ignore-output cell
-DELIBERATE = {"lessons/15_cluster.html": "DeliberateError: rank 1 raises on purpose"}
+DELIBERATE = {"lessons/16_cluster.html": "DeliberateError: rank 1 raises on purpose"}
 
 if chromium.missing():  # make site-test asked for the browser: say what is missing, never skip quietly
     pytest.fail(chromium.missing(), pytrace=False)
@@ -112,7 +112,7 @@ def site():
             console[page] = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
             if page == "index.html":
                 shot(driver, "landing.png")
-            if page == "lessons/04_collectives.html":
+            if page == "lessons/05_collectives.html":
                 shot(driver, "lesson-04-top.png")
                 figure = driver.find_elements("css selector", "div.cell_output img")[0]
                 driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", figure)
@@ -179,7 +179,7 @@ def test_tracebacks_only_where_the_lesson_means_them(site):
                 pytest.fail(f"{page}: a traceback the lesson does not mean to show (see DELIBERATE): "
                             f"{t['text'][:600]}")
         assert facts["rawAnsi"] == 0, f"{page}: raw ANSI escape codes in an output"
-    assert raised >= 1, "02's deliberate failure is not shown: is the detector looking at the outputs?"
+    assert raised >= 1, "03's deliberate failure is not shown: is the detector looking at the outputs?"
     assert shown == {p for p in DELIBERATE if p in site["facts"]}, "a DELIBERATE traceback is gone: update the list"
 
 
@@ -212,7 +212,7 @@ def test_internal_links_resolve(site):
 def test_search_finds_all_reduce(site):
     hits = site["search"]
     assert hits, "search.html?q=all_reduce found nothing"
-    assert any("lessons/04_collectives.html" in h for h in hits), hits
+    assert any("lessons/05_collectives.html" in h for h in hits), hits
 
 
 def test_screenshots_were_saved(site):
@@ -224,6 +224,6 @@ def test_screenshots_were_saved(site):
 def test_math_is_typeset(site):
     """13 writes its memory formulas in $..$: MathJax (local copy, with its font probe quieted in
     docs/conf.py) turns every one into rendered math, leaving no raw TeX on the page."""
-    facts = site["facts"]["lessons/13_sharding.html"]
+    facts = site["facts"]["lessons/14_sharding.html"]
     assert facts["math"] >= 3, facts["math"]
     assert not facts["rawMath"], "raw \\( ... \\) left on the page: MathJax did not typeset it"

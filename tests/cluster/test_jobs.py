@@ -1,5 +1,5 @@
 """Slurm without Slurm: srun's variables mapped to rank, local rank and world size (``env``),
-the job scripts lesson 15 shows (``ddp_tutorial.cluster.jobs``), and a stop all ranks agree on.
+the job scripts lesson 16 shows (``ddp_tutorial.cluster.jobs``), and a stop all ranks agree on.
 
 ``make slurm-test`` (tests/slurm) submits the scripts to a real Slurm.
 

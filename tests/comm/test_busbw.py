@@ -1,4 +1,4 @@
-"""Bus bandwidth as nccl-tests define it, and the rows of lesson 05's ring-vs-dist sweep."""
+"""Bus bandwidth as nccl-tests define it, and the rows of lesson 06's ring-vs-dist sweep."""
 
 from __future__ import annotations
 

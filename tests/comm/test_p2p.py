@@ -1,4 +1,4 @@
-"""ddp_tutorial.comm.p2p (lesson 03): send/recv, isend/irecv, batch_isend_irecv, token ring, deadlocks."""
+"""ddp_tutorial.comm.p2p (lesson 04): send/recv, isend/irecv, batch_isend_irecv, token ring, deadlocks."""
 
 from __future__ import annotations
 

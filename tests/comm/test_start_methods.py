@@ -1,4 +1,4 @@
-"""ddp_tutorial.comm.start_methods (lesson 02): what a child inherits, and the two classic launchers."""
+"""ddp_tutorial.comm.start_methods (lesson 03): what a child inherits, and the two classic launchers."""
 
 from __future__ import annotations
 

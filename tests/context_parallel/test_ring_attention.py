@@ -1,4 +1,4 @@
-"""Lesson 19: ring attention from scratch, and its zig-zag layout, equal to SDPA on the whole sequence.
+"""Lesson 20: ring attention from scratch, and its zig-zag layout, equal to SDPA on the whole sequence.
 
 Every result is stitched back from the ranks' shards and compared with torch's
 ``scaled_dot_product_attention`` run in one process on the whole sequence: the output and the

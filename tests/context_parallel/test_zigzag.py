@@ -1,4 +1,4 @@
-"""Lesson 19: zig-zag balances causal ring attention; Ulysses gives the same attention by all-to-all.
+"""Lesson 20: zig-zag balances causal ring attention; Ulysses gives the same attention by all-to-all.
 
 The work per rank is counted from the schedule ``RingAttention`` follows and checked against the
 causal mask counted in one process; Ulysses is compared with SDPA on the whole sequence (the ring's

@@ -1,38 +1,33 @@
-"""Typical wrong answers to the exercise of lesson 19, and the words their diagnosis must contain.
+"""Typical wrong answers to lesson 19's exercise, and the words their diagnosis must contain.
 
-Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in seconds)``;
-``ALSO_RIGHT`` holds other right answers, which must pass.
+Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in seconds)``.
 """
 
 from __future__ import annotations
 
 from exercise_mistakes import broken
 
-NAME = "ring_attention_forward"
+WARMUP = "    warmup = min(num_stages - 1 - stage, num_micro)"
 
 MISTAKES = {
-    "ring attention: the blocks averaged, no log-sum-exp weights": (
-        NAME, broken(NAME, "        out = out * torch.exp(lse - new).unsqueeze(-1) + o_b * torch.exp(lse_b - new).unsqueeze(-1)",
-                     "        out = out + o_b / n"),
-        ["world of 2", "plain mean of the blocks' outputs", "exp(lse_b - lse)"], 20),
-    "ring attention: own block only, nothing travels": (
-        NAME, broken(NAME, "            kv = arriving", "            pass"),
-        ["world of 2", "this rank's own keys only"], 20),
-    "ring attention: all-gather the keys": (
-        NAME, broken(NAME, "    kv = torch.stack([k, v])  # one message per hop",
-                     "    kv = torch.stack([k, v])\n    dist.all_gather([torch.empty_like(k) for _ in range(n)], k)"),
-        ["NotAllowed", "dist.all_gather is not allowed", "gathering every rank's keys"], 20),
-    "ring attention: one hop too many": (
-        NAME, broken(NAME, "        if hop < n - 1:  # start", "        if n > 1:  # start"),
-        ["world of 2", "the output is right, but rank", "N - 1 = 1 hops"], 20),
-}
-
-ALSO_RIGHT = {
-    "ring attention with batch_isend_irecv and k, v sent apart": (
-        NAME, broken(NAME, "            works = [dist.isend(kv, dst=(rank + 1) % n), dist.irecv(arriving, src=(rank - 1) % n)]",
-                     "            works = dist.batch_isend_irecv(\n"
-                     "                [dist.P2POp(dist.isend, kv[0].contiguous(), (rank + 1) % n),\n"
-                     "                 dist.P2POp(dist.isend, kv[1].contiguous(), (rank + 1) % n),\n"
-                     "                 dist.P2POp(dist.irecv, arriving[0], (rank - 1) % n),\n"
-                     "                 dist.P2POp(dist.irecv, arriving[1], (rank - 1) % n)])"), 20),
+    "GPipe's order: every forward first": (
+        "one_f_one_b_order",
+        "def one_f_one_b_order(stage, num_stages, num_micro):\n"
+        "    return [f'F{i}' for i in range(num_micro)] + [f'B{i}' for i in range(num_micro)]\n",
+        ["world of 1", "stage 0 holds 2 micro-batches' activations", "at most p - s = 1"], 30),
+    "the first stage waits for each backward, the others run GPipe": (
+        "one_f_one_b_order",
+        "def one_f_one_b_order(stage, num_stages, num_micro):\n"
+        "    if stage == 0:\n"
+        "        return [a for i in range(num_micro) for a in (f'F{i}', f'B{i}')]\n"
+        "    return [f'F{i}' for i in range(num_micro)] + [f'B{i}' for i in range(num_micro)]\n",
+        ["world of 2", "wait for each other forever", "stage 0 at step 1 (B0) waits for stage 1's B0"], 30),
+    "no warm-up: a forward and its backward in turn on every stage": (
+        "one_f_one_b_order",
+        "def one_f_one_b_order(stage, num_stages, num_micro):\n"
+        "    return [a for i in range(num_micro) for a in (f'F{i}', f'B{i}')]\n",
+        ["world of 2", "safe, but slow", "1F1B takes 9"], 30),
+    "a warm-up one forward too long": (
+        "one_f_one_b_order", broken("one_f_one_b_order", WARMUP, WARMUP.replace("- 1 - stage", "- stage")),
+        ["world of 1", "stage 0 holds 2 micro-batches' activations"], 30),
 }

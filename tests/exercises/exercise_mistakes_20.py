@@ -1,51 +1,38 @@
-"""Typical wrong answers to exercise 20.1 (lesson 20), and the words their diagnosis must contain.
+"""Typical wrong answers to the exercise of lesson 20, and the words their diagnosis must contain.
 
-Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in seconds)``.
+Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in seconds)``;
+``ALSO_RIGHT`` holds other right answers, which must pass.
 """
 
 from __future__ import annotations
 
 from exercise_mistakes import broken
 
+NAME = "ring_attention_forward"
+
 MISTAKES = {
-    "dispatch_combine forgets to undo the sort": (
-        "dispatch_combine", broken("dispatch_combine", "    out = torch.empty_like(x)\n    out[order] = back", "    out = back"),
-        ["world of 2", "came back holding row", "undo the sort"], 30),
-    "dispatch_combine sends the results back with the split sizes unswapped": (
-        "dispatch_combine", broken("dispatch_combine",
-                                   "dist.all_to_all_single(back, done.contiguous(), output_split_sizes=send, input_split_sizes=recv)",
-                                   "dist.all_to_all_single(back, done.contiguous(), output_split_sizes=recv, input_split_sizes=send)"),
-        ["world of 2", "Split sizes"], 30),
-    "dispatch_combine gathers the counts with all_gather": (
-        "dispatch_combine", broken("dispatch_combine", "    dist.all_to_all_single(recv_counts, send_counts)  # step 1: who sends me how many\n",
-                                   "    everyone = [torch.empty_like(send_counts) for _ in range(n)]\n"
-                                   "    dist.all_gather(everyone, send_counts)\n"
-                                   "    recv_counts = torch.stack([c[dist.get_rank()] for c in everyone])\n"),
-        ["NotAllowed", "all_to_all_single for the counts"], 30),
-    "dispatch_combine computes on the rows before sending them": (
-        "dispatch_combine", broken("dispatch_combine", "    done = compute(received)", "    done = received")
-        .replace("dist.all_to_all_single(received, x[order],", "dist.all_to_all_single(received, compute(x[order]),"),
-        ["sent to rank 1", "came back to its place, but computed on rank 0", "after the dispatch"], 30),
+    "ring attention: the blocks averaged, no log-sum-exp weights": (
+        NAME, broken(NAME, "        out = out * torch.exp(lse - new).unsqueeze(-1) + o_b * torch.exp(lse_b - new).unsqueeze(-1)",
+                     "        out = out + o_b / n"),
+        ["world of 2", "plain mean of the blocks' outputs", "exp(lse_b - lse)"], 20),
+    "ring attention: own block only, nothing travels": (
+        NAME, broken(NAME, "            kv = arriving", "            pass"),
+        ["world of 2", "this rank's own keys only"], 20),
+    "ring attention: all-gather the keys": (
+        NAME, broken(NAME, "    kv = torch.stack([k, v])  # one message per hop",
+                     "    kv = torch.stack([k, v])\n    dist.all_gather([torch.empty_like(k) for _ in range(n)], k)"),
+        ["NotAllowed", "dist.all_gather is not allowed", "gathering every rank's keys"], 20),
+    "ring attention: one hop too many": (
+        NAME, broken(NAME, "        if hop < n - 1:  # start", "        if n > 1:  # start"),
+        ["world of 2", "the output is right, but rank", "N - 1 = 1 hops"], 20),
 }
 
 ALSO_RIGHT = {
-    "dispatch_combine with torch.sort and index_copy": (
-        "dispatch_combine", """import torch
-import torch.distributed as dist
-
-
-def dispatch_combine(x, destination, compute):
-    n = dist.get_world_size()
-    _, order = torch.sort(destination, stable=True)
-    counts = torch.stack([(destination == r).sum() for r in range(n)])
-    incoming = torch.empty_like(counts)
-    dist.all_to_all_single(incoming, counts)
-    send, recv = counts.tolist(), incoming.tolist()
-    rows = x.new_empty((sum(recv), x.shape[1]))
-    dist.all_to_all_single(rows, x.index_select(0, order), recv, send)
-    results = compute(rows)
-    back = torch.empty_like(x)
-    dist.all_to_all_single(back, results, send, recv)
-    return torch.empty_like(x).index_copy_(0, order, back)
-""", 30),
+    "ring attention with batch_isend_irecv and k, v sent apart": (
+        NAME, broken(NAME, "            works = [dist.isend(kv, dst=(rank + 1) % n), dist.irecv(arriving, src=(rank - 1) % n)]",
+                     "            works = dist.batch_isend_irecv(\n"
+                     "                [dist.P2POp(dist.isend, kv[0].contiguous(), (rank + 1) % n),\n"
+                     "                 dist.P2POp(dist.isend, kv[1].contiguous(), (rank + 1) % n),\n"
+                     "                 dist.P2POp(dist.irecv, arriving[0], (rank - 1) % n),\n"
+                     "                 dist.P2POp(dist.irecv, arriving[1], (rank - 1) % n)])"), 20),
 }

@@ -1,4 +1,4 @@
-"""Typical wrong answers to the exercise of lesson 21 (the capstone), and the words their diagnosis must contain.
+"""Typical wrong answers to exercise 21.1 (lesson 21), and the words their diagnosis must contain.
 
 Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in seconds)``.
 """
@@ -7,35 +7,45 @@ from __future__ import annotations
 
 from exercise_mistakes import broken
 
-ASK_THE_OTHERS = """    rank, everyone = dist.get_rank(), [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mesh.get_coordinate())  # every rank's coordinates, asked for
-    mine, names = everyone[rank], list(sizes)
-    groups = {name: [r for r, c in enumerate(everyone)
-                     if all(c[j] == mine[j] for j in range(4) if j != names.index(name))] for name in sizes}
-"""
-LOOP = """    rank, stride, groups = dist.get_rank(), 1, {}
-    for name in reversed(list(sizes)):  # tp first: the fastest digit, stride 1
-        digit = rank // stride % sizes[name]
-        start = rank - digit * stride  # this rank with its digit of `name` set to 0
-        groups[name] = [start + i * stride for i in range(sizes[name])]
-        stride *= sizes[name]
-"""
-
 MISTAKES = {
-    "mesh dimensions in the reverse order": (
-        "mesh_groups", broken("mesh_groups", 'sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}',
-                              'sizes = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}'),
-        ["world of 1", "the mesh's dimensions are ordered ('tp', 'cp', 'dp', 'pp')", "torchtitan's order"], 60),
-    "groups computed with pp innermost": (
-        "mesh_groups", broken("mesh_groups", "for name in reversed(list(sizes)):", "for name in sizes:"),
-        ["world of 4", "dp=2 tp=2", "the group it would have with the dimensions reversed",
-         "tp varies fastest"], 90),
-    "dimensions of size 1 left out": (
-        "mesh_groups", broken("mesh_groups", "return mesh, {name: groups[name] for name in sizes}",
-                              "return mesh, {name: groups[name] for name in sizes if sizes[name] > 1}"),
-        ["world of 1", "groups has no entry for pp, dp, cp, tp", "size 1 too"], 60),
-    "the groups asked of the other ranks": (
-        "mesh_groups", broken("mesh_groups", LOOP, ASK_THE_OTHERS),
-        ["world of 1", "the mesh and the groups are right, but the solution called dist.all_gather_object",
-         "no collective is needed"], 60),
+    "dispatch_combine forgets to undo the sort": (
+        "dispatch_combine", broken("dispatch_combine", "    out = torch.empty_like(x)\n    out[order] = back", "    out = back"),
+        ["world of 2", "came back holding row", "undo the sort"], 30),
+    "dispatch_combine sends the results back with the split sizes unswapped": (
+        "dispatch_combine", broken("dispatch_combine",
+                                   "dist.all_to_all_single(back, done.contiguous(), output_split_sizes=send, input_split_sizes=recv)",
+                                   "dist.all_to_all_single(back, done.contiguous(), output_split_sizes=recv, input_split_sizes=send)"),
+        ["world of 2", "Split sizes"], 30),
+    "dispatch_combine gathers the counts with all_gather": (
+        "dispatch_combine", broken("dispatch_combine", "    dist.all_to_all_single(recv_counts, send_counts)  # step 1: who sends me how many\n",
+                                   "    everyone = [torch.empty_like(send_counts) for _ in range(n)]\n"
+                                   "    dist.all_gather(everyone, send_counts)\n"
+                                   "    recv_counts = torch.stack([c[dist.get_rank()] for c in everyone])\n"),
+        ["NotAllowed", "all_to_all_single for the counts"], 30),
+    "dispatch_combine computes on the rows before sending them": (
+        "dispatch_combine", broken("dispatch_combine", "    done = compute(received)", "    done = received")
+        .replace("dist.all_to_all_single(received, x[order],", "dist.all_to_all_single(received, compute(x[order]),"),
+        ["sent to rank 1", "came back to its place, but computed on rank 0", "after the dispatch"], 30),
+}
+
+ALSO_RIGHT = {
+    "dispatch_combine with torch.sort and index_copy": (
+        "dispatch_combine", """import torch
+import torch.distributed as dist
+
+
+def dispatch_combine(x, destination, compute):
+    n = dist.get_world_size()
+    _, order = torch.sort(destination, stable=True)
+    counts = torch.stack([(destination == r).sum() for r in range(n)])
+    incoming = torch.empty_like(counts)
+    dist.all_to_all_single(incoming, counts)
+    send, recv = counts.tolist(), incoming.tolist()
+    rows = x.new_empty((sum(recv), x.shape[1]))
+    dist.all_to_all_single(rows, x.index_select(0, order), recv, send)
+    results = compute(rows)
+    back = torch.empty_like(x)
+    dist.all_to_all_single(back, results, send, recv)
+    return torch.empty_like(x).index_copy_(0, order, back)
+""", 30),
 }

@@ -82,9 +82,9 @@ def test_every_hard_exercise_has_two_mistakes_or_more():
         assert sum(m[0] == name for m in MISTAKES.values()) >= 2, name
 
 
-def test_every_medium_exercise_from_lesson_06_on_has_two_mistakes_or_more():
+def test_every_medium_exercise_from_lesson_07_on_has_two_mistakes_or_more():
     for name, e in EXERCISES.items():
-        if e.level == "medium" and e.lesson >= 6:
+        if e.level == "medium" and e.lesson >= 7:
             assert sum(m[0] == name for m in MISTAKES.values()) >= 2, name
 
 
@@ -145,7 +145,7 @@ def test_fresh_mode_checks_the_stub_and_writes_nothing(learner_dir, monkeypatch)
 def test_show_prints_the_card(learner_dir, capsys):
     show("ring_all_reduce")
     out = capsys.readouterr().out
-    assert "Exercise 5.1 (hard), lesson 05_ring_all_reduce.ipynb" in out
+    assert "Exercise 6.1 (hard), lesson 06_ring_all_reduce.ipynb" in out
     assert "ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor" in out and "hint 1/3:" in out
 
 
@@ -183,7 +183,7 @@ def test_cli_exit_codes(learner_dir, tmp_path, capsys):
     assert "ring_all_reduce" in capsys.readouterr().out
     assert main(["check", "scatter_p2p", "--solution"]) == 0
     assert main(["check", "scatter_p2p"]) == 1
-    assert "TO DO exercise 4.1 (scatter_p2p): not started yet" in capsys.readouterr().out
+    assert "TO DO exercise 5.1 (scatter_p2p): not started yet" in capsys.readouterr().out
     assert main(["show", "ring_all_reduce", "--hint", "3"]) == 0
     assert "hint 3/3:" in capsys.readouterr().out
     assert main(["show", "ring_all_reduce", "--hint", "4"]) == 2

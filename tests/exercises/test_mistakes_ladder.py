@@ -1,4 +1,4 @@
-"""Exercises of lessons 16 on: each typical wrong answer is diagnosed, each other right answer passes.
+"""Exercises of lessons 17 on: each typical wrong answer is diagnosed, each other right answer passes.
 
 The cases live in ``exercise_mistakes*.py``, gathered by ``wrong_answers.py``.
 """

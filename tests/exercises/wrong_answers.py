@@ -1,7 +1,7 @@
 """The typical wrong answers and the other right answers of every exercise, for the tests beside this file.
 
 One module per group of lessons (``exercise_mistakes*.py``). The checks are split over two test
-files, the basics (lessons 02-15) and the LLM-scale ladder (16 on), so that pytest-xdist's
+files, the basics (lessons 02-16) and the LLM-scale ladder (17 on), so that pytest-xdist's
 ``--dist loadfile`` runs them on two workers at once: together they are the slowest file.
 """
 
@@ -17,7 +17,7 @@ MODULES = [importlib.import_module(path.stem) for path in sorted(Path(__file__).
 MISTAKES = {name: mistake for module in MODULES for name, mistake in module.MISTAKES.items()}
 # Right answers other than the reference (each must pass): name -> (exercise, source, timeout)
 ALSO_RIGHT = {name: right for module in MODULES for name, right in getattr(module, "ALSO_RIGHT", {}).items()}
-LADDER = 16  # the first lesson of the LLM-scale ladder
+LADDER = 17  # the first lesson of the LLM-scale ladder
 
 
 def of_lessons(cases: dict, *, ladder: bool) -> list[str]:

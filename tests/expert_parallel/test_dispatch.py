@@ -1,4 +1,4 @@
-"""Lesson 20: the experts over 1, 2 and 4 ranks equal one process, outputs and gradients.
+"""Lesson 21: the experts over 1, 2 and 4 ranks equal one process, outputs and gradients.
 
 Every setup (each routing of ``SCENARIOS``, top-1 and top-2, with and without a capacity) is
 run split over the ranks and compared with ``one_process`` (``models.MixtureOfExperts``'s loops

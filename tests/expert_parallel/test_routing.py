@@ -1,4 +1,4 @@
-"""Lesson 20 in one process: top-k gates, capacity, the balancing loss, the lesson's routings.
+"""Lesson 21 in one process: top-k gates, capacity, the balancing loss, the lesson's routings.
 
 Each vectorised function is checked against a computation written another way: the loops of
 ``models.MixtureOfExperts``, every expert run on every token, or counts made by hand.

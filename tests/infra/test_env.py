@@ -288,7 +288,7 @@ def test_distributed_leaves_the_group_even_when_the_body_raises(monkeypatch):
 
 
 def test_distributed_makes_the_given_device_current_and_yields_it(monkeypatch):
-    # A model-parallel rank passes its first own device (09); on the CPU nothing becomes current.
+    # A model-parallel rank passes its first own device (10); on the CPU nothing becomes current.
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     try:

@@ -25,7 +25,7 @@ from ddp_tutorial.gpu_check import ITEMS, SUITES, Item, ItemResult
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL = ITEMS + gpu_check.notebook_items() + SUITES
-LESSONS_WITH_A_GPU_CELL = ("01_data_parallel", "06_ddp_spawn", "10_train_end_to_end", "13_sharding")
+LESSONS_WITH_A_GPU_CELL = ("01_data_parallel", "07_ddp_spawn", "11_train_end_to_end", "14_sharding")
 
 
 def test_items_cover_every_gpu_count_and_every_lesson():
@@ -88,7 +88,7 @@ def test_run_item_passes_fails_and_keeps_the_log(tmp_path):
     assert bad.status == "FAILED" and bad.tail.splitlines() == ["boom", "-> exit code 3"]
 
 
-RESULTS = [ItemResult("doctor", "passed", 3.04), ItemResult("fsdp", "needs 4 GPUs"), ItemResult("lesson 13", "FAILED", 12.0,
+RESULTS = [ItemResult("doctor", "passed", 3.04), ItemResult("fsdp", "needs 4 GPUs"), ItemResult("lesson 14", "FAILED", 12.0,
                                                                                     "AssertionError\n-> exit code 1")]
 INFO = {"GPUs": "1 x NVIDIA H200", "GPU names": "NVIDIA H200", "driver": "570.1", "CUDA (torch's)": "12.8",
         "torch": "2.8.0"}
@@ -98,17 +98,17 @@ DAY = datetime.date(2026, 11, 25)
 def test_table_has_one_row_per_item_with_its_result_and_seconds():
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in gpu_check.table(RESULTS).splitlines()]
     assert rows[0] == ["item", "result", "seconds"]
-    assert rows[2:] == [["doctor", "passed", "3.0"], ["fsdp", "needs 4 GPUs", ""], ["lesson 13", "FAILED", "12.0"]]
+    assert rows[2:] == [["doctor", "passed", "3.0"], ["fsdp", "needs 4 GPUs", ""], ["lesson 14", "FAILED", "12.0"]]
 
 
 def test_report_names_the_machine_counts_the_results_and_carries_failures_and_lessons():
-    lessons = {"01_data_parallel": "device_ids: [0] | main device: cuda:0", "06_ddp_spawn": "```\nloaded onto: x"}
+    lessons = {"01_data_parallel": "device_ids: [0] | main device: cuda:0", "07_ddp_spawn": "```\nloaded onto: x"}
     text = gpu_check.report(INFO, RESULTS, lessons, DAY)
     assert text.splitlines()[0] == "# make gpu-check on 1 x NVIDIA H200, 2026-11-25"
     assert "- driver: 570.1" in text and "- torch: 2.8.0" in text
     assert "1 passed, 1 failed, 1 wait for a machine with more GPUs." in text
     assert gpu_check.table(RESULTS) in text
-    assert "### lesson 13\n\n````text\nAssertionError\n-> exit code 1\n````" in text
+    assert "### lesson 14\n\n````text\nAssertionError\n-> exit code 1\n````" in text
     assert nbtools.lesson_outputs(text) == lessons  # a three-backtick fence inside survives
 
 
@@ -133,8 +133,8 @@ def test_shown_on_gpu_takes_what_the_code_cell_above_printed():
     result = nbformat.v4.new_output("execute_result", data={"text/plain": "'nccl'"}, execution_count=2)
     nb = notebook(("first()", [nbformat.v4.new_output("stream", name="stdout", text="not this\n")]),
                   ("show_source(f)\nrun()", [listing, stream, result]),
-                  ('gpu_run_output("06_ddp_spawn")', []))
-    assert nbtools.shown_on_gpu(nb) == {"06_ddp_spawn": "[rank 0] on cuda:0\n'nccl'\n"}
+                  ('gpu_run_output("07_ddp_spawn")', []))
+    assert nbtools.shown_on_gpu(nb) == {"07_ddp_spawn": "[rank 0] on cuda:0\n'nccl'\n"}
 
 
 @pytest.mark.parametrize("lesson", LESSONS_WITH_A_GPU_CELL)
@@ -161,11 +161,11 @@ def test_gpu_run_output_shows_the_newest_report(tmp_path, capsys):
     new = gpu_check.report(dict(INFO, GPUs="2 x NVIDIA L4"), RESULTS, {"01_data_parallel": "a\nb"}, DAY)
     (tmp_path / "2026-11-25-2x-nvidia-l4.md").write_text(new)
     nbtools.gpu_run_output("01_data_parallel", folder=str(tmp_path))
-    nbtools.gpu_run_output("13_sharding", folder=str(tmp_path))
+    nbtools.gpu_run_output("14_sharding", folder=str(tmp_path))
     assert capsys.readouterr().out.splitlines() == [
         "docs/gpu-check/2026-11-25-2x-nvidia-l4.md (make gpu-check on 2 x NVIDIA L4, 2026-11-25):", "a", "b",
         "docs/gpu-check/2026-11-25-2x-nvidia-l4.md (make gpu-check on 2 x NVIDIA L4, 2026-11-25) has no output "
-        "of 13_sharding: see its table of results"]
+        "of 14_sharding: see its table of results"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine main() runs every item")

@@ -464,7 +464,7 @@ def test_an_init_failure_is_reported_with_its_rank_and_cause():
 
 @pytest.mark.timeout(120)
 def test_a_quick_rank_never_tears_down_a_peer_still_in_init():
-    # Seen in lesson 11: a rank through gloo's init ran a worker with no collective and
+    # Seen in lesson 12: a rank through gloo's init ran a worker with no collective and
     # destroyed the group while its peer was still connecting ("Connection closed by peer").
     for _ in range(6):
         assert spawn(w.no_collective, 4, timeout=60) == [None] * 4  # the caller's environment, unchanged
@@ -472,7 +472,7 @@ def test_a_quick_rank_never_tears_down_a_peer_still_in_init():
 
 def test_children_write_plain_text_even_under_a_colour_forcing_kernel(monkeypatch):
     # Jupyter kernels set FORCE_COLOR=1; Python 3.13+ then colours tracebacks written to a
-    # file or pipe, and the lessons read them as text (02's mp.spawn error, 11's __main__ demo).
+    # file or pipe, and the lessons read them as text (03's mp.spawn error, 12's __main__ demo).
     monkeypatch.setenv("FORCE_COLOR", "1")
     assert LaunchSpec(w.identify, 2).rank_env(1, 29500)["PYTHON_COLORS"] == "0"
     code = "import os; print(os.environ.get('PYTHON_COLORS'))"

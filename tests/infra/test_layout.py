@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "ddp_tutorial"
 TESTS = ROOT / "tests"
 # The lesson parts, bottom to top in the course's order; a part may import the ones before it.
-# training (the loop, data, checkpoints) sits under data_parallel: lesson 06 saves its checkpoint and
+# training (the loop, data, checkpoints) sits under data_parallel: lesson 07 saves its checkpoint and
 # samples its data with training's helpers, and the training program uses torch's DDP, not the lessons'.
 # In course order: a part may import only the parts before it. The last three are the LLM-scale
 # ladder's (issues 29-31); a part listed here need not exist yet, a folder not listed fails.

@@ -89,7 +89,7 @@ def test_compared_outputs_do_not_depend_on_the_machine(path):
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if not p.name.startswith("12_")], ids=lambda p: p.stem)
 def test_a_lesson_never_imports_the_benchmarks(path):
-    # DESIGN.md: lessons use lesson modules; bench/ measures them (lesson 12, the performance
+    # DESIGN.md: lessons use lesson modules; bench/ measures them (lesson 13, the performance
     # lab, reads the benchmarks' stored reference run on purpose).
     for index, cell, _ in code_cells(path):
         assert "ddp_tutorial.bench" not in "".join(cell["source"]), f"{path.name} cell {index} imports bench/"

@@ -19,7 +19,7 @@ def test_every_lesson_has_run_commands():
     names = lessons.lesson_names(ROOT / "notebooks")
     assert names[:2] == ["00_start_here", "01_data_parallel"] and len(names) >= 15
     assert not set(names) - set(lessons.COMMANDS), "lessons without commands in docs/lessons.py COMMANDS"
-    # an entry may come before its notebook (15_cluster did); a typo would leave a lesson without one
+    # an entry may come before its notebook (16_cluster did); a typo would leave a lesson without one
     assert all(lessons.LESSON_NAME.match(name) for name in lessons.COMMANDS)
 
 
@@ -39,8 +39,8 @@ def test_command_lines():
     hello, doctor = lessons.COMMANDS["00_start_here"]
     assert hello.lines() == ["# the first all-reduce", "torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.comm.hello"]
     assert doctor.line() == "python -m ddp_tutorial"
-    jupyter, shell = lessons.run_instructions("13_sharding")
-    assert "jupyter lab notebooks/13_sharding.ipynb" in jupyter
+    jupyter, shell = lessons.run_instructions("14_sharding")
+    assert "jupyter lab notebooks/14_sharding.ipynb" in jupyter
     assert shell.splitlines()[1:] == ["torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.sharding.zero",
                                       "torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp"]
     assert lessons.run_instructions("99_not_a_lesson")[1] == ""

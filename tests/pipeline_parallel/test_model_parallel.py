@@ -1,4 +1,4 @@
-"""Lesson 09: device maps, the split model, micro-batch pipelines and the stage x replica grid.
+"""Lesson 10: device maps, the split model, micro-batch pipelines and the stage x replica grid.
 
 Covers ``ddp_tutorial.pipeline_parallel.model_parallel``,
 ``ddp_tutorial.pipeline_parallel.pipeline``, ``ddp_tutorial.pipeline_parallel.pipeline_grid``,

@@ -1,4 +1,4 @@
-"""Lesson 18: pipeline schedules as orders, 1F1B from scratch, torch's schedules, each equal to one process.
+"""Lesson 19: pipeline schedules as orders, 1F1B from scratch, torch's schedules, each equal to one process.
 
 Covers ``ddp_tutorial.pipeline_parallel.orders``, ``ddp_tutorial.pipeline_parallel.one_f_one_b``,
 ``ddp_tutorial.pipeline_parallel.torch_schedules`` and ``ddp_tutorial.plots.schedules``.

@@ -1,4 +1,4 @@
-"""Every pitfall demo of lesson 11 ends in its expected error or result, in time, leaving no process.
+"""Every pitfall demo of lesson 12 ends in its expected error or result, in time, leaving no process.
 
 Covers ``ddp_tutorial.pitfalls.outcomes``, ``ddp_tutorial.pitfalls.mismatches``,
 ``ddp_tutorial.pitfalls.checkpoints``, ``ddp_tutorial.pitfalls.launchers``,
@@ -93,7 +93,7 @@ def test_uneven_inputs_hang_without_join_and_agree_with_join():
     joined = outcome(mismatches.uneven_inputs, 2, (True,), timeout=60)
     (steps0, w0), (steps1, w1) = joined.results
     assert (steps0, steps1) == (3, 4) and w0 == w1
-    # The demo returns only the weights' sum, printed to 4 decimals (lesson 11 shows that string
+    # The demo returns only the weights' sum, printed to 4 decimals (lesson 12 shows that string
     # and the worker's source), so that is what can be compared: within its rounding.
     # The sum does tell Join's answer from the plausible wrong ones below.
     got, tol = float(w0.split()[-1]), 5e-5 + 1e-6

@@ -1,4 +1,4 @@
-"""A throwaway two-node Slurm on this machine, for ``make slurm-test`` (lesson 15's scripts).
+"""A throwaway two-node Slurm on this machine, for ``make slurm-test`` (lesson 16's scripts).
 
 munged with its socket in a temporary folder (mode 711), slurmctld, and two slurmd
 (``-N n1`` and ``-N n2``, each with its own ``Port`` and ``NodeAddr=127.0.0.1``): two

@@ -1,4 +1,4 @@
-"""Elastic torchrun for real (lesson 15): a node joins and one leaves a running job, the workers
+"""Elastic torchrun for real (lesson 16): a node joins and one leaves a running job, the workers
 restart from the last checkpoint with the new world size; and ``@record`` reports the failing
 rank's traceback, with torchrun's --log-dir, --redirects, --tee and --local-ranks-filter.
 

@@ -1,4 +1,4 @@
-"""Lesson 15's job scripts, submitted as they are to a real (throwaway, two-node) Slurm.
+"""Lesson 16's job scripts, submitted as they are to a real (throwaway, two-node) Slurm.
 
 Run by ``make slurm-test`` (root and Debian's Slurm packages needed; the target installs them).
 Each job trains on digits for a few epochs; the tests check the job's state and exit code

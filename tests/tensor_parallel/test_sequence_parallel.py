@@ -1,4 +1,4 @@
-"""Lesson 19: a Llama block split by heads, with and without sequence parallelism; the vocabulary
+"""Lesson 20: a Llama block split by heads, with and without sequence parallelism; the vocabulary
 split; the Llama plan through ``parallelize_module`` and ``loss_parallel``. Each equal to one process.
 
 Covers ``ddp_tutorial.tensor_parallel.sequence_parallel``, ``ddp_tutorial.tensor_parallel.vocab_parallel``,

@@ -1,4 +1,4 @@
-"""Lesson 14: tensor parallelism by hand, DTensor placements, parallelize_module and a 2-D mesh.
+"""Lesson 15: tensor parallelism by hand, DTensor placements, parallelize_module and a 2-D mesh.
 
 Every split is compared with one process running the unsplit ToyModel (or, for the
 placements, with ``torch.chunk`` on the whole tensor), to ``TOLERANCE``: float32 sums in

@@ -1,4 +1,4 @@
-"""Lesson 10: evaluation on every rank, rank 0 alone, DistributedSampler's padding, DDP's ``module.`` prefix."""
+"""Lesson 11: evaluation on every rank, rank 0 alone, DistributedSampler's padding, DDP's ``module.`` prefix."""
 
 from __future__ import annotations
 

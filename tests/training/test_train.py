@@ -315,7 +315,7 @@ def test_cifar10_download_by_rank0_while_the_others_wait(tmp_path):
 
 
 @pytest.mark.parametrize("requested, device_type, expected", [
-    (None, "cuda", True),    # unset on a GPU: deterministic, so lessons 08 and 10 can compare bitwise
+    (None, "cuda", True),    # unset on a GPU: deterministic, so lessons 09 and 11 can compare bitwise
     (None, "cpu", False),    # unset on the CPU: nothing to switch
     (True, "cpu", True), (False, "cuda", False), (True, "cuda", True),
 ])

@@ -1,4 +1,4 @@
-"""Lesson 10: a linear learning-rate warm-up, and DataLoader workers that change nothing but the time.
+"""Lesson 11: a linear learning-rate warm-up, and DataLoader workers that change nothing but the time.
 
 Covers ``ddp_tutorial.training.warmup``, ``ddp_tutorial.training.data``.
 """

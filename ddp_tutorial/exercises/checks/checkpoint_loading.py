@@ -1,4 +1,4 @@
-"""Lesson 17's second exercise, checked: a DCP checkpoint saved on 4 ranks, loaded on 1 and on 2 (resharding).
+"""Lesson 18's second exercise, checked: a DCP checkpoint saved on 4 ranks, loaded on 1 and on 2 (resharding).
 
 ``prepare`` (the parent, once per process) saves the checkpoint with the course's own
 ``sharded_checkpoint.train_and_save`` on 4 ranks, which returns the full values the ranks held

@@ -1,4 +1,4 @@
-"""Lesson 21's exercise: a layout's ``DeviceMesh`` and the ranks that share each of its groups.
+"""Lesson 22's exercise: a layout's ``DeviceMesh`` and the ranks that share each of its groups.
 
 The reference is computed twice, without the learner's code: by ``capstone.layout.group_ranks``
 (mixed radix) and by torch (``dist.get_process_group_ranks`` of each dimension of the checker's
@@ -109,7 +109,7 @@ def mesh_groups_worker(rank: int, world_size: int, source: str, function: str, t
 
 EXERCISES = [
     Exercise(
-        name="mesh_groups", number="21.1", lesson=21, notebook="21_capstone.ipynb",
+        name="mesh_groups", number="22.1", lesson=22, notebook="22_capstone.ipynb",
         title="a layout's DeviceMesh, and which ranks share each group", level="medium",
         task=("Given the sizes dp, tp, pp, cp of a layout, build its DeviceMesh over every rank with the "
               "dimensions pp, dp, cp, tp (outermost first), and return it with, for each dimension, the ranks "

@@ -1,4 +1,4 @@
-"""Lesson 04's exercises: ``scatter`` and ``all_gather`` from point-to-point messages."""
+"""Lesson 05's exercises: ``scatter`` and ``all_gather`` from point-to-point messages."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def all_gather_p2p_worker(rank: int, world_size: int, source: str, function: str
 
 EXERCISES = [
     Exercise(
-        name="scatter_p2p", number="4.1", lesson=4, notebook="04_collectives.ipynb",
+        name="scatter_p2p", number="5.1", lesson=5, notebook="05_collectives.ipynb",
         title="scatter from send and recv", level="warm-up",
         task="Rebuild dist.scatter: rank src hands chunk i to rank i, using only send and recv.",
         hint=("if rank == src: dist.send(chunks[i], dst=i) for every other i, and out.copy_(chunks[src]); "
@@ -84,7 +84,7 @@ EXERCISES = [
                 "unchanged; collectives refused"),
         worker=scatter_p2p_worker),
     Exercise(
-        name="all_gather_p2p", number="4.2", lesson=4, notebook="04_collectives.ipynb",
+        name="all_gather_p2p", number="5.2", lesson=5, notebook="05_collectives.ipynb",
         title="all_gather from isend and irecv", level="medium",
         task="Rebuild dist.all_gather: every rank ends with the list of all ranks' tensors, in rank order.",
         hint=("Copy your own into entry rank; for every other peer post dist.isend(tensor, dst=peer) and "

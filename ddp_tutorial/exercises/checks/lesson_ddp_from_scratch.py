@@ -1,4 +1,4 @@
-"""Lesson 07's exercise: the bucketed DDP gradient hook that all-reduces and averages.
+"""Lesson 08's exercise: the bucketed DDP gradient hook that all-reduces and averages.
 
 The reference is one process doing what all ranks do: every rank's batch through an
 identical copy of the model, the gradients averaged. The learner's all-reduces are
@@ -129,7 +129,7 @@ def bucketed_grad_hooks_worker(rank: int, world_size: int, source: str, function
 
 EXERCISES = [
     Exercise(
-        name="bucketed_grad_hooks", number="7.1", lesson=7, notebook="07_ddp_from_scratch.ipynb",
+        name="bucketed_grad_hooks", number="8.1", lesson=8, notebook="08_ddp_from_scratch.ipynb",
         title="the bucketed DDP gradient hook: all-reduce and average", level="hard",
         task=("Write what makes DDP fast: gradient hooks that fill buckets as backward produces the "
               "gradients, start one asynchronous all-reduce per full bucket (in bucket order), and a "

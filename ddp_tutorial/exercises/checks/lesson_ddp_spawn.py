@@ -1,4 +1,4 @@
-"""Lesson 06's exercise: the sampler's arithmetic, compared with torch's ``DistributedSampler``.
+"""Lesson 07's exercise: the sampler's arithmetic, compared with torch's ``DistributedSampler``.
 
 Each rank asks the learner's ``shard`` for its own indices and compares them with
 ``DistributedSampler(range(n), world_size, rank, shuffle=True, seed=seed)`` after
@@ -88,7 +88,7 @@ def shard_worker(rank: int, world_size: int, source: str, function: str, trace_d
 
 EXERCISES = [
     Exercise(
-        name="shard", number="6.1", lesson=6, notebook="06_ddp_spawn.ipynb",
+        name="shard", number="7.1", lesson=7, notebook="07_ddp_spawn.ipynb",
         title="a DistributedSampler of your own: padding and a shuffle per epoch", level="medium",
         task=("Give rank r its indices of a data set of num_samples for one epoch, as DistributedSampler "
               "(shuffle=True) after set_epoch(epoch) does: one shuffled order, the same on every rank and "

@@ -1,4 +1,4 @@
-"""Lesson 11's exercise: find the bug in a data-parallel step (gradients and loss summed, not averaged).
+"""Lesson 12's exercise: find the bug in a data-parallel step (gradients and loss summed, not averaged).
 
 The reference is one process doing SGD on all ranks' batches concatenated (the global
 batch), from the same seeded model, in float64. After each of three steps the checker
@@ -112,7 +112,7 @@ def fix_summed_loss_worker(rank: int, world_size: int, source: str, function: st
 
 EXERCISES = [
     Exercise(
-        name="fix_summed_loss", number="11.1", lesson=11, notebook="11_debugging_and_pitfalls.ipynb",
+        name="fix_summed_loss", number="12.1", lesson=12, notebook="12_debugging_and_pitfalls.ipynb",
         title="find the bug: a data-parallel step that sums instead of averaging", level="medium",
         task=("The docstring holds a data-parallel SGD step that runs, learns, and is wrong: it does not "
               "equal one process on the global batch. Find what, fix it, and return the global batch's loss "

@@ -1,4 +1,4 @@
-"""Lesson 20's exercise: dispatch rows by run-time split sizes with all-to-all, and combine them back.
+"""Lesson 21's exercise: dispatch rows by run-time split sizes with all-to-all, and combine them back.
 
 Each row of rank ``s`` is labelled ``s * 1000 + i`` (its row ``i``), so a value says which
 token it is; the checker's ``compute`` on rank ``d`` adds ``100000 * (d + 1)``, so a result
@@ -97,7 +97,7 @@ def dispatch_combine_worker(rank: int, world_size: int, source: str, function: s
 
 EXERCISES = [
     Exercise(
-        name="dispatch_combine", number="20.1", lesson=20, notebook="20_expert_parallel.ipynb",
+        name="dispatch_combine", number="21.1", lesson=21, notebook="21_expert_parallel.ipynb",
         title="dispatch rows by split sizes and combine them back", level="medium",
         task=("Send each row of x to the rank destination[i] names, where compute() runs on all the rows "
               "that arrived, and return the results in the rows' own places; the numbers of rows are known "

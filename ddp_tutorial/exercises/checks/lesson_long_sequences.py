@@ -1,4 +1,4 @@
-"""Lesson 19's exercise: ring attention's forward from point-to-point messages and the log-sum-exp merge.
+"""Lesson 20's exercise: ring attention's forward from point-to-point messages and the log-sum-exp merge.
 
 The reference is torch's ``scaled_dot_product_attention`` on the whole sequence, in one
 process, in float64: the checker draws the whole q, k, v from a seed on every rank and gives
@@ -108,7 +108,7 @@ def ring_attention_forward_worker(rank: int, world_size: int, source: str, funct
 
 EXERCISES = [
     Exercise(
-        name="ring_attention_forward", number="19.1", lesson=19, notebook="19_long_sequences.ipynb",
+        name="ring_attention_forward", number="20.1", lesson=20, notebook="20_long_sequences.ipynb",
         title="ring attention's forward: K/V around the ring, the log-sum-exp merge", level="hard",
         task=("Compute attention of this rank's slice of the sequence with the whole sequence's keys, "
               "passing the K/V blocks around the ring (N - 1 hops) and merging each block's result into "

@@ -1,4 +1,4 @@
-"""Lesson 16's exercise: checkpoint every block, so that forward keeps only the blocks' inputs.
+"""Lesson 17's exercise: checkpoint every block, so that forward keeps only the blocks' inputs.
 
 Each rank checks on its own (no collective is involved; every world size runs the same
 cases from rank-dependent seeds). The reference is the plain loop over the same blocks,
@@ -127,7 +127,7 @@ def checkpointed_forward_worker(rank: int, world_size: int, source: str, functio
 
 EXERCISES = [
     Exercise(
-        name="checkpointed_forward", number="16.1", lesson=16, notebook="16_memory.ipynb",
+        name="checkpointed_forward", number="17.1", lesson=17, notebook="17_memory.ipynb",
         title="checkpoint every block: keep only the blocks' inputs", level="warm-up",
         task=("Run x through a stack of transformer blocks so that forward keeps only each block's input for "
               "backward, with the same output and the same gradients as the plain loop (dropout included)."),

@@ -1,8 +1,8 @@
-"""Lesson 09's exercise: split ToyModel across two devices, checked against the unsplit model.
+"""Lesson 10's exercise: split ToyModel across two devices, checked against the unsplit model.
 
 The checker builds a ``ToyModel`` (seeded per case), keeps an unsplit copy, runs the
 learner's ``split_forward`` on the CPU stand-ins ``("cpu:0", "cpu:1")`` (two names of the one
-CPU: what a rank of lesson 09 uses without GPUs), and compares the output and, after the same
+CPU: what a rank of lesson 10 uses without GPUs), and compares the output and, after the same
 loss's ``backward()``, every parameter's gradient with the unsplit model's. On one CPU a
 forward that moves nothing gives the same numbers, so the device moves are recorded
 (``tracing.moves``): each layer sent to its device, and the input of each layer the result
@@ -95,7 +95,7 @@ def split_forward_worker(rank: int, world_size: int, source: str, function: str,
 
 EXERCISES = [
     Exercise(
-        name="split_forward", number="9.1", lesson=9, notebook="09_model_parallel_ddp.ipynb",
+        name="split_forward", number="10.1", lesson=10, notebook="10_model_parallel_ddp.ipynb",
         title="split ToyModel across two devices", level="warm-up",
         task=("Cut a ToyModel in two: net1 on devices[0], net2 on devices[1], and run its forward pass "
               "across the boundary, so that backward() trains both halves exactly like the unsplit model."),

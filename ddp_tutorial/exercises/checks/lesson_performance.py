@@ -1,4 +1,4 @@
-"""Lesson 12's exercise: algorithm and bus bandwidth, as nccl-tests reports them.
+"""Lesson 13's exercise: algorithm and bus bandwidth, as nccl-tests reports them.
 
 The reference factors are written here as fractions from nccl-tests' PERFORMANCE.md, not
 taken from the solution; the last case times a real ``dist.all_reduce`` with
@@ -96,7 +96,7 @@ def bus_bandwidth_worker(rank: int, world_size: int, source: str, function: str,
 
 EXERCISES = [
     Exercise(
-        name="bus_bandwidth", number="12.1", lesson=12, notebook="12_performance.ipynb",
+        name="bus_bandwidth", number="13.1", lesson=13, notebook="13_performance.ipynb",
         title="algorithm bandwidth and bus bandwidth", level="warm-up",
         task=("Turn one timed collective into nccl-tests' two numbers: algbw = bytes / seconds, and busbw, "
               "algbw times the share of the message each rank's link carries, for all_reduce, all_gather, "

@@ -1,4 +1,4 @@
-"""Lesson 18's exercise: the 1F1B order of a stage, simulated on every stage, then run for real.
+"""Lesson 19's exercise: the 1F1B order of a stage, simulated on every stage, then run for real.
 
 Each rank asks the learner's ``one_f_one_b_order`` for its own stage's order; the checker
 gathers them (its own ``all_gather_object``) and, before anything can hang, checks on paper:
@@ -126,7 +126,7 @@ def one_f_one_b_order_worker(rank: int, world_size: int, source: str, function: 
 
 EXERCISES = [
     Exercise(
-        name="one_f_one_b_order", number="18.1", lesson=18, notebook="18_pipeline_schedules.ipynb",
+        name="one_f_one_b_order", number="19.1", lesson=19, notebook="19_pipeline_schedules.ipynb",
         title="the 1F1B order of a pipeline stage", level="medium",
         task=("Return the order in which stage `stage` of `num_stages` runs the forwards ('F<i>') and "
               "backwards ('B<i>') of `num_micro` micro-batches under 1F1B: no deadlock when every stage "

@@ -1,4 +1,4 @@
-"""Lesson 03's exercise: tokens hop around a ring, with ``isend``/``irecv`` and no deadlock."""
+"""Lesson 04's exercise: tokens hop around a ring, with ``isend``/``irecv`` and no deadlock."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def ring_shift_worker(rank: int, world_size: int, source: str, function: str, tr
 
 EXERCISES = [
     Exercise(
-        name="ring_shift", number="3.1", lesson=3, notebook="03_point_to_point.ipynb",
+        name="ring_shift", number="4.1", lesson=4, notebook="04_point_to_point.ipynb",
         title="pass tokens around a ring without a deadlock", level="medium",
         task=("Every rank holds a token; move all the tokens hops places to the right around the ring at "
               "once, one hop at a time, so that rank r ends with rank (r - hops)'s token."),

@@ -1,4 +1,4 @@
-"""Lesson 05's exercise: the ring all-reduce (reduce-scatter, then all-gather).
+"""Lesson 06's exercise: the ring all-reduce (reduce-scatter, then all-gather).
 
 Rank r's input holds ``10**r + 1000 i`` at flat index i, so the last digits of a (partial)
 sum count the ranks' contributions and the thousands tell from which elements they came:
@@ -169,7 +169,7 @@ def ring_all_reduce_worker(rank: int, world_size: int, source: str, function: st
 
 EXERCISES = [
     Exercise(
-        name="ring_all_reduce", number="5.1", lesson=5, notebook="05_ring_all_reduce.ipynb",
+        name="ring_all_reduce", number="6.1", lesson=6, notebook="06_ring_all_reduce.ipynb",
         title="the ring all-reduce: reduce-scatter, then all-gather", level="hard",
         task=("Sum a tensor over all ranks in place with the ring algorithm: n - 1 reduce-scatter steps, "
               "then n - 1 all-gather steps, each rank talking only to its two neighbours; any numel."),

@@ -1,4 +1,4 @@
-"""Lesson 13's exercise: one ZeRO-1 step (reduce-scatter, Adam on my slice, all-gather).
+"""Lesson 14's exercise: one ZeRO-1 step (reduce-scatter, Adam on my slice, all-gather).
 
 The reference is one process: ``torch.optim.Adam`` on the whole flat parameter vector
 with the gradient averaged over every rank's gradient (each rank makes every rank's
@@ -146,7 +146,7 @@ def zero1_step_worker(rank: int, world_size: int, source: str, function: str, tr
 
 EXERCISES = [
     Exercise(
-        name="zero1_step", number="13.1", lesson=13, notebook="13_sharding.ipynb",
+        name="zero1_step", number="14.1", lesson=14, notebook="14_sharding.ipynb",
         title="one ZeRO-1 step: reduce-scatter, Adam on my slice, all-gather", level="hard",
         task=("Write one optimizer step of ZeRO-1 on a flat parameter vector: reduce-scatter the "
               "gradients to the mean of my slice, Adam on my slice with my slice's state only, all-gather "

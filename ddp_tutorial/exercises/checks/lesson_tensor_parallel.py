@@ -1,4 +1,4 @@
-"""Lesson 14's exercise: a column-parallel + row-parallel linear pair by hand, forward and backward.
+"""Lesson 15's exercise: a column-parallel + row-parallel linear pair by hand, forward and backward.
 
 The reference is the unsplit MLP computed in one process, in float64, from the same full
 weights every rank makes from a fixed seed; the checker cuts the shards itself, runs the
@@ -160,7 +160,7 @@ def tp_mlp_forward_worker(rank: int, world_size: int, source: str, function: str
 
 EXERCISES = [
     Exercise(
-        name="tp_mlp_forward", number="14.1", lesson=14, notebook="14_tensor_parallel.ipynb",
+        name="tp_mlp_forward", number="15.1", lesson=15, notebook="15_tensor_parallel.ipynb",
         title="a column- and row-parallel MLP by hand: f and g", level="medium",
         task=("Compute relu(x W1^T + b1) W2^T + b2 with the hidden units split over the ranks: each rank "
               "holds its rows of W1 and b1 and the same units' columns of W2; one all-reduce in forward, "

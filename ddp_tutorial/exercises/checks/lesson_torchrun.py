@@ -1,4 +1,4 @@
-"""Lesson 08's exercise: a rank-0 atomic checkpoint, a barrier, and a ``map_location`` load.
+"""Lesson 09's exercise: a rank-0 atomic checkpoint, a barrier, and a ``map_location`` load.
 
 In each rank the checker wraps ``torch.save``, ``torch.load``, ``os.replace`` and
 ``os.rename`` while the learner's function runs, and so sees who writes which file and
@@ -172,7 +172,7 @@ def save_and_load_worker(rank: int, world_size: int, source: str, function: str,
 
 EXERCISES = [
     Exercise(
-        name="save_and_load", number="8.1", lesson=8, notebook="08_torchrun.ipynb",
+        name="save_and_load", number="9.1", lesson=9, notebook="09_torchrun.ipynb",
         title="rank 0's atomic checkpoint, a barrier, a map_location load", level="medium",
         task=("Rank 0 saves the state atomically (a temporary file, then os.replace onto path), every rank "
               "waits at a barrier, then every rank loads the file onto its own device with weights_only=True "

@@ -1,4 +1,4 @@
-"""Lesson 10's exercise: all-rank evaluation, checked against one process scoring everything.
+"""Lesson 11's exercise: all-rank evaluation, checked against one process scoring everything.
 
 The test set is small and seeded (a classifier with batch norm and dropout on random
 features, float64, its running statistics far from a batch's own, so that scoring in
@@ -118,7 +118,7 @@ def evaluate_shards_worker(rank: int, world_size: int, source: str, function: st
 
 EXERCISES = [
     Exercise(
-        name="evaluate_shards", number="10.1", lesson=10, notebook="10_train_end_to_end.ipynb",
+        name="evaluate_shards", number="11.1", lesson=11, notebook="11_train_end_to_end.ipynb",
         title="all-rank evaluation: score your shard, all-reduce the sums", level="medium",
         task=("Score this rank's shard of the test set, (loss sum, correct, count), and all-reduce the "
               "three sums so that every rank returns the totals one process scoring everything would get."),

@@ -1,4 +1,4 @@
-"""Lesson 17's exercises: a ZeRO-3 linear layer (gather for forward, gather again for backward, reduce-scatter),
+"""Lesson 18's exercises: a ZeRO-3 linear layer (gather for forward, gather again for backward, reduce-scatter),
 and a resharding load of a DCP checkpoint (checked in ``checkpoint_loading``).
 
 The reference is one process holding every weight whole: a two-layer tanh network on every
@@ -137,7 +137,7 @@ def zero3_linear_worker(rank: int, world_size: int, source: str, function: str, 
 
 EXERCISES = [
     Exercise(
-        name="zero3_linear", number="17.1", lesson=17, notebook="17_zero3_and_checkpoints.ipynb",
+        name="zero3_linear", number="18.1", lesson=18, notebook="18_zero3_and_checkpoints.ipynb",
         title="a ZeRO-3 linear layer: gather for forward, gather again for backward, reduce-scatter", level="hard",
         task=("Write a linear layer whose weight no rank holds whole: all-gather the shards just before the "
               "forward, keep only the shard for backward, gather again in backward, and reduce-scatter the "
@@ -157,7 +157,7 @@ EXERCISES = [
                 "reduce-scatter per layer in backward, no all-reduce"),
         worker=zero3_linear_worker),
     Exercise(
-        name="load_resharded", number="17.2", lesson=17, notebook="17_zero3_and_checkpoints.ipynb",
+        name="load_resharded", number="18.2", lesson=18, notebook="18_zero3_and_checkpoints.ipynb",
         title="a resharding load: a DCP checkpoint saved on 4 ranks, loaded on 1 and on 2", level="medium",
         task=("Load a DCP checkpoint that 4 ranks saved (model and Adam, sharded by FSDP2) into a model and an "
               "optimizer sharded over this world's ranks, so that each rank reads only its own new shards and "

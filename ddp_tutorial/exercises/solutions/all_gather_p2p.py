@@ -1,4 +1,4 @@
-"""Exercise 4.2, reference solution: ``all_gather`` from point-to-point messages.
+"""Exercise 5.2, reference solution: ``all_gather`` from point-to-point messages.
 
 Every pair of ranks exchanges one message each way. Posting every send and every
 receive before waiting on any of them means no order of calls can deadlock; with

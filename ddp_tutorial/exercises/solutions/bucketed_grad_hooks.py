@@ -1,4 +1,4 @@
-"""Exercise 7.1, reference solution: the bucketed DDP gradient hook, all-reduce and average.
+"""Exercise 8.1, reference solution: the bucketed DDP gradient hook, all-reduce and average.
 
 Each bucket owns one flat tensor; a parameter's gradient is divided by the world size
 straight into its slice of it (the sum of the shares is the mean, and the division

@@ -1,4 +1,4 @@
-"""Exercise 12.1, reference solution: algorithm bandwidth and bus bandwidth, as nccl-tests defines them.
+"""Exercise 13.1, reference solution: algorithm bandwidth and bus bandwidth, as nccl-tests defines them.
 
 The algorithm bandwidth is the message size over the time: ``algbw = nbytes / seconds``.
 It depends on the world size even when every link runs at full speed, because a bigger

@@ -1,4 +1,4 @@
-"""Exercise 16.1, reference solution: activation checkpointing, one checkpoint per block.
+"""Exercise 17.1, reference solution: activation checkpointing, one checkpoint per block.
 
 ``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`` runs ``block(x)`` without
 keeping its intermediate tensors for backward; it keeps ``x`` (and the RNG state, so that

@@ -1,11 +1,11 @@
-"""Exercise 20.1, reference solution: send rows to the ranks they are routed to, and bring the results home.
+"""Exercise 21.1, reference solution: send rows to the ranks they are routed to, and bring the results home.
 
 Expert parallelism moves each token to the rank of its expert and back. How many rows go
 from each rank to each other one is known only at run time, so the exchange has three steps,
 each an ``all_to_all_single``:
 
 1. **counts**: ``send_counts[d]``, the rows for rank ``d``, out; ``recv_counts[s]``, the rows
-   that will arrive from rank ``s``, in (equal parts: one count per rank, as in lesson 04);
+   that will arrive from rank ``s``, in (equal parts: one count per rank, as in lesson 05);
 2. **dispatch**: the rows sorted by destination (a stable sort keeps their order within one
    destination) go out with ``input_split_sizes=send_counts`` and arrive cut by ``recv_counts``;
 3. **combine**: after ``compute``, the results go back with the two lists swapped, and land in

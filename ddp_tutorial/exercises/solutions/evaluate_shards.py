@@ -1,4 +1,4 @@
-"""Exercise 10.1, reference solution: every rank scores its shard, one all-reduce adds the sums.
+"""Exercise 11.1, reference solution: every rank scores its shard, one all-reduce adds the sums.
 
 Loss and accuracy over a test set are ratios of sums: (loss sum, correct, count). Sums
 split over ranks, so each rank adds up its own shard and one ``all_reduce`` with ``SUM``

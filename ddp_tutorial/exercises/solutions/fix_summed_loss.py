@@ -1,4 +1,4 @@
-"""Exercise 11.1, reference solution: the data-parallel step that summed instead of averaging.
+"""Exercise 12.1, reference solution: the data-parallel step that summed instead of averaging.
 
 The broken step all-reduced every gradient with SUM and stopped there, so each update was
 ``n`` times one process's on the global batch: a learning rate silently ``n`` times too large,

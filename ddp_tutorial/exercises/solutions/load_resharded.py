@@ -1,4 +1,4 @@
-"""Exercise 17.2, reference solution: load a DCP checkpoint saved on N ranks into a model sharded over M.
+"""Exercise 18.2, reference solution: load a DCP checkpoint saved on N ranks into a model sharded over M.
 
 ``get_model_state_dict`` and ``get_optimizer_state_dict`` give state dicts keyed by the
 parameters' names whose values are this rank's shards *as the model is sharded now* (on M

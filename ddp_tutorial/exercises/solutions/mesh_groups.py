@@ -1,4 +1,4 @@
-"""Exercise 21.1, reference solution: a layout's DeviceMesh, and which ranks share each of its groups.
+"""Exercise 22.1, reference solution: a layout's DeviceMesh, and which ranks share each of its groups.
 
 The mesh's dimensions are torchtitan's, outermost first: ``pp, dp, cp, tp``. Rank ``r`` sits at
 the coordinates that write ``r`` in mixed radix with those sizes as digits, ``tp`` the last

@@ -1,4 +1,4 @@
-"""Exercise 18.1, reference solution: the 1F1B order of one pipeline stage.
+"""Exercise 19.1, reference solution: the 1F1B order of one pipeline stage.
 
 Stage ``s`` of ``p`` first runs ``p - 1 - s`` forwards: enough that, when the last stage's
 first backward comes back, every stage has work. Then it alternates one forward (a new

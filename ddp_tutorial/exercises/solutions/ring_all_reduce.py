@@ -1,4 +1,4 @@
-"""Exercise 5.1, reference solution: the ring all-reduce, reduce-scatter then all-gather.
+"""Exercise 6.1, reference solution: the ring all-reduce, reduce-scatter then all-gather.
 
 ``tensor_split`` cuts the flat tensor into ``world_size`` views whose sizes differ by at
 most one (empty ones when there are fewer elements than ranks), so any numel works and

@@ -1,4 +1,4 @@
-"""Exercise 19.1, reference solution: ring attention's forward, K/V blocks around the ring, merged by log-sum-exp.
+"""Exercise 20.1, reference solution: ring attention's forward, K/V blocks around the ring, merged by log-sum-exp.
 
 Each rank holds a contiguous slice of the sequence: its queries and the keys and values of
 the same positions. A query needs every key, so the K/V blocks travel: at each of ``N - 1``

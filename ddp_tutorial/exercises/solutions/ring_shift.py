@@ -1,4 +1,4 @@
-"""Exercise 3.1, reference solution: tokens hop around a ring without a deadlock.
+"""Exercise 4.1, reference solution: tokens hop around a ring without a deadlock.
 
 With blocking calls, "everyone sends to the right, then receives from the left"
 deadlocks: every rank sits in ``send`` waiting for a neighbour that sits in ``send``

@@ -1,10 +1,10 @@
-"""Exercise 8.1, reference solution: rank 0 writes the checkpoint atomically, a barrier, everyone loads.
+"""Exercise 9.1, reference solution: rank 0 writes the checkpoint atomically, a barrier, everyone loads.
 
 All ranks hold the same weights, so one writer is enough, and two writers to one file can
 interleave their bytes. Rank 0 writes to a temporary file in the same folder and renames
 it over ``path`` with ``os.replace``: a rename within one file system is atomic, so
 ``path`` is always either the old complete checkpoint or the new one, never half a file,
-even if the job is killed mid-write (what torchrun's restart of lesson 08 relies on). The
+even if the job is killed mid-write (what torchrun's restart of lesson 09 relies on). The
 barrier makes every rank wait until the file is there; without it a fast rank reads a file
 that does not exist yet, or an older one. ``map_location`` puts the tensors on the rank's
 own device (saved from ``cuda:0``, they would otherwise all land on GPU 0), and

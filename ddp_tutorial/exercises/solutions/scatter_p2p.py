@@ -1,4 +1,4 @@
-"""Exercise 4.1, reference solution: ``scatter`` from point-to-point messages.
+"""Exercise 5.1, reference solution: ``scatter`` from point-to-point messages.
 
 The source posts one ``isend`` per other rank and copies its own chunk locally (a
 rank never sends to itself); every other rank makes one blocking ``recv``. The sends

@@ -1,4 +1,4 @@
-"""Exercise 6.1, reference solution: a DistributedSampler of your own, padded and shuffled per epoch.
+"""Exercise 7.1, reference solution: a DistributedSampler of your own, padded and shuffled per epoch.
 
 Every rank computes the same permutation without a message: the generator is seeded with
 ``seed + epoch``, the same numbers on every rank, and a new order each epoch (that is all

@@ -1,4 +1,4 @@
-"""Exercise 9.1, reference solution: ToyModel cut in two, one half per device.
+"""Exercise 10.1, reference solution: ToyModel cut in two, one half per device.
 
 ``Module.to`` moves a module's parameters in place, so the model the caller holds is the
 split one, and its optimizer (built on the same parameter objects) still works. The forward

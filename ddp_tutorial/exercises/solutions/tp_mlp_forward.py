@@ -1,4 +1,4 @@
-"""Exercise 14.1, reference solution: a column-parallel then a row-parallel linear, f and g around them.
+"""Exercise 15.1, reference solution: a column-parallel then a row-parallel linear, f and g around them.
 
 Split the hidden units of ``relu(x W1^T + b1) W2^T + b2`` over the ranks. Rank ``r`` holds
 the rows of ``W1`` and ``b1`` of its hidden units (column-parallel: a slice of the first

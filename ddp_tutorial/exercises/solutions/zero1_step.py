@@ -1,4 +1,4 @@
-"""Exercise 13.1, reference solution: one ZeRO-1 step, reduce-scatter, Adam on my slice, all-gather.
+"""Exercise 14.1, reference solution: one ZeRO-1 step, reduce-scatter, Adam on my slice, all-gather.
 
 Adam is elementwise, so rank ``r`` can own the elements ``r s .. (r + 1) s - 1`` (``s =
 numel / n``) and keep Adam's two state tensors for those only: ``1/n`` of DDP's optimizer

@@ -1,4 +1,4 @@
-"""Exercise 17.1, reference solution: a ZeRO-3 linear layer, gathered for forward, gathered again for backward.
+"""Exercise 18.1, reference solution: a ZeRO-3 linear layer, gathered for forward, gathered again for backward.
 
 The layer's weight lives on each rank as a flat, padded shard (``Zero3``'s layout). Forward
 all-gathers the shards into the full weight, computes, and keeps only the input and the

@@ -1,4 +1,4 @@
-"""Exercise 4.2 (medium), lesson 04_collectives.ipynb: all_gather from isend and irecv.
+"""Exercise 5.2 (medium), lesson 05_collectives.ipynb: all_gather from isend and irecv.
 
 Write all_gather_p2p() below (its docstring is the contract: what must hold), then check it:
     check("all_gather_p2p")                                 in the notebook
@@ -26,7 +26,7 @@ def all_gather_p2p(tensor: torch.Tensor) -> list[torch.Tensor]:
     """
     # Your code here; the checker calls all_gather_p2p(tensor) on every rank.
     raise NotImplementedError(
-        'exercise 4.2 (all_gather_p2p): not started yet, as expected for a fresh stub: '
+        'exercise 5.2 (all_gather_p2p): not started yet, as expected for a fresh stub: '
         'my_exercises/all_gather_p2p.py still raises NotImplementedError. Next: write '
-        'all_gather_p2p() there (its docstring is the contract, lesson 04_collectives.ipynb '
+        'all_gather_p2p() there (its docstring is the contract, lesson 05_collectives.ipynb '
         "explains it, show('all_gather_p2p') gives hints), then check again")

@@ -1,4 +1,4 @@
-"""Exercise 7.1 (hard), lesson 07_ddp_from_scratch.ipynb: the bucketed DDP gradient hook: all-reduce and average.
+"""Exercise 8.1 (hard), lesson 08_ddp_from_scratch.ipynb: the bucketed DDP gradient hook: all-reduce and average.
 
 Write bucketed_grad_hooks() below (its docstring is the contract: what must hold), then check it:
     check("bucketed_grad_hooks")                                 in the notebook
@@ -34,8 +34,8 @@ def bucketed_grad_hooks(params: list[torch.Tensor], buckets: list[list[int]]) ->
     """
     # Your code here; the checker calls bucketed_grad_hooks(params, buckets) on every rank.
     raise NotImplementedError(
-        'exercise 7.1 (bucketed_grad_hooks): not started yet, as expected for a fresh stub: '
+        'exercise 8.1 (bucketed_grad_hooks): not started yet, as expected for a fresh stub: '
         'my_exercises/bucketed_grad_hooks.py still raises NotImplementedError. Next: write '
         'bucketed_grad_hooks() there (its docstring is the contract, lesson '
-        "07_ddp_from_scratch.ipynb explains it, show('bucketed_grad_hooks') gives hints), then "
+        "08_ddp_from_scratch.ipynb explains it, show('bucketed_grad_hooks') gives hints), then "
         'check again')

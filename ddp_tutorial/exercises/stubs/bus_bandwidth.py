@@ -1,4 +1,4 @@
-"""Exercise 12.1 (warm-up), lesson 12_performance.ipynb: algorithm bandwidth and bus bandwidth.
+"""Exercise 13.1 (warm-up), lesson 13_performance.ipynb: algorithm bandwidth and bus bandwidth.
 
 Write bus_bandwidth() below (its docstring is the contract: what must hold), then check it:
     check("bus_bandwidth")                                 in the notebook
@@ -24,7 +24,7 @@ def bus_bandwidth(nbytes: int, seconds: float, world_size: int, collective: str)
     """
     # Your code here; the checker calls bus_bandwidth(nbytes, seconds, world_size, collective) on every rank.
     raise NotImplementedError(
-        'exercise 12.1 (bus_bandwidth): not started yet, as expected for a fresh stub: '
+        'exercise 13.1 (bus_bandwidth): not started yet, as expected for a fresh stub: '
         'my_exercises/bus_bandwidth.py still raises NotImplementedError. Next: write '
-        'bus_bandwidth() there (its docstring is the contract, lesson 12_performance.ipynb explains'
+        'bus_bandwidth() there (its docstring is the contract, lesson 13_performance.ipynb explains'
         " it, show('bus_bandwidth') gives hints), then check again")

@@ -1,4 +1,4 @@
-"""Exercise 16.1 (warm-up), lesson 16_memory.ipynb: checkpoint every block: keep only the blocks' inputs.
+"""Exercise 17.1 (warm-up), lesson 17_memory.ipynb: checkpoint every block: keep only the blocks' inputs.
 
 Write checkpointed_forward() below (its docstring is the contract: what must hold), then check it:
     check("checkpointed_forward")                                 in the notebook
@@ -26,7 +26,7 @@ def checkpointed_forward(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor
     """
     # Your code here; the checker calls checkpointed_forward(blocks, x) on every rank.
     raise NotImplementedError(
-        'exercise 16.1 (checkpointed_forward): not started yet, as expected for a fresh stub: '
+        'exercise 17.1 (checkpointed_forward): not started yet, as expected for a fresh stub: '
         'my_exercises/checkpointed_forward.py still raises NotImplementedError. Next: write '
-        'checkpointed_forward() there (its docstring is the contract, lesson 16_memory.ipynb '
+        'checkpointed_forward() there (its docstring is the contract, lesson 17_memory.ipynb '
         "explains it, show('checkpointed_forward') gives hints), then check again")

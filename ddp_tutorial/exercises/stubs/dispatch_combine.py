@@ -1,4 +1,4 @@
-"""Exercise 20.1 (medium), lesson 20_expert_parallel.ipynb: dispatch rows by split sizes and combine them back.
+"""Exercise 21.1 (medium), lesson 21_expert_parallel.ipynb: dispatch rows by split sizes and combine them back.
 
 Write dispatch_combine() below (its docstring is the contract: what must hold), then check it:
     check("dispatch_combine")                                 in the notebook
@@ -30,7 +30,7 @@ def dispatch_combine(x: torch.Tensor, destination: torch.Tensor,
     """
     # Your code here; the checker calls dispatch_combine(x, destination, compute) on every rank.
     raise NotImplementedError(
-        'exercise 20.1 (dispatch_combine): not started yet, as expected for a fresh stub: '
+        'exercise 21.1 (dispatch_combine): not started yet, as expected for a fresh stub: '
         'my_exercises/dispatch_combine.py still raises NotImplementedError. Next: write '
-        'dispatch_combine() there (its docstring is the contract, lesson 20_expert_parallel.ipynb '
+        'dispatch_combine() there (its docstring is the contract, lesson 21_expert_parallel.ipynb '
         "explains it, show('dispatch_combine') gives hints), then check again")

@@ -1,4 +1,4 @@
-"""Exercise 10.1 (medium), lesson 10_train_end_to_end.ipynb: all-rank evaluation: score your shard, all-reduce the sums.
+"""Exercise 11.1 (medium), lesson 11_train_end_to_end.ipynb: all-rank evaluation: score your shard, all-reduce the sums.
 
 Write evaluate_shards() below (its docstring is the contract: what must hold), then check it:
     check("evaluate_shards")                                 in the notebook
@@ -31,7 +31,7 @@ def evaluate_shards(model: nn.Module, shard: Iterable[tuple[torch.Tensor, torch.
     """
     # Your code here; the checker calls evaluate_shards(model, shard, device) on every rank.
     raise NotImplementedError(
-        'exercise 10.1 (evaluate_shards): not started yet, as expected for a fresh stub: '
+        'exercise 11.1 (evaluate_shards): not started yet, as expected for a fresh stub: '
         'my_exercises/evaluate_shards.py still raises NotImplementedError. Next: write '
-        'evaluate_shards() there (its docstring is the contract, lesson 10_train_end_to_end.ipynb '
+        'evaluate_shards() there (its docstring is the contract, lesson 11_train_end_to_end.ipynb '
         "explains it, show('evaluate_shards') gives hints), then check again")

@@ -1,4 +1,4 @@
-"""Exercise 11.1 (medium), lesson 11_debugging_and_pitfalls.ipynb: find the bug: a data-parallel step that sums instead of averaging.
+"""Exercise 12.1 (medium), lesson 12_debugging_and_pitfalls.ipynb: find the bug: a data-parallel step that sums instead of averaging.
 
 Write fix_summed_loss() below (its docstring is the contract: what must hold), then check it:
     check("fix_summed_loss")                                 in the notebook
@@ -39,8 +39,8 @@ def fix_summed_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: floa
     """
     # Your code here; the checker calls fix_summed_loss(model, x, y, lr) on every rank.
     raise NotImplementedError(
-        'exercise 11.1 (fix_summed_loss): not started yet, as expected for a fresh stub: '
+        'exercise 12.1 (fix_summed_loss): not started yet, as expected for a fresh stub: '
         'my_exercises/fix_summed_loss.py still raises NotImplementedError. Next: write '
         'fix_summed_loss() there (its docstring is the contract, lesson '
-        "11_debugging_and_pitfalls.ipynb explains it, show('fix_summed_loss') gives hints), then "
+        "12_debugging_and_pitfalls.ipynb explains it, show('fix_summed_loss') gives hints), then "
         'check again')

@@ -1,4 +1,4 @@
-"""Exercise 17.2 (medium), lesson 17_zero3_and_checkpoints.ipynb: a resharding load: a DCP checkpoint saved on 4 ranks, loaded on 1 and on 2.
+"""Exercise 18.2 (medium), lesson 18_zero3_and_checkpoints.ipynb: a resharding load: a DCP checkpoint saved on 4 ranks, loaded on 1 and on 2.
 
 Write load_resharded() below (its docstring is the contract: what must hold), then check it:
     check("load_resharded")                                 in the notebook
@@ -38,8 +38,8 @@ def load_resharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: str
     """
     # Your code here; the checker calls load_resharded(model, optimizer, path) on every rank.
     raise NotImplementedError(
-        'exercise 17.2 (load_resharded): not started yet, as expected for a fresh stub: '
+        'exercise 18.2 (load_resharded): not started yet, as expected for a fresh stub: '
         'my_exercises/load_resharded.py still raises NotImplementedError. Next: write '
         'load_resharded() there (its docstring is the contract, lesson '
-        "17_zero3_and_checkpoints.ipynb explains it, show('load_resharded') gives hints), then "
+        "18_zero3_and_checkpoints.ipynb explains it, show('load_resharded') gives hints), then "
         'check again')

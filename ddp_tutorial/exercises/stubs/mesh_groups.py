@@ -1,4 +1,4 @@
-"""Exercise 21.1 (medium), lesson 21_capstone.ipynb: a layout's DeviceMesh, and which ranks share each group.
+"""Exercise 22.1 (medium), lesson 22_capstone.ipynb: a layout's DeviceMesh, and which ranks share each group.
 
 Write mesh_groups() below (its docstring is the contract: what must hold), then check it:
     check("mesh_groups")                                 in the notebook
@@ -29,7 +29,7 @@ def mesh_groups(dp: int, tp: int, pp: int, cp: int) -> tuple[DeviceMesh, dict[st
     """
     # Your code here; the checker calls mesh_groups(dp, tp, pp, cp) on every rank.
     raise NotImplementedError(
-        'exercise 21.1 (mesh_groups): not started yet, as expected for a fresh stub: '
+        'exercise 22.1 (mesh_groups): not started yet, as expected for a fresh stub: '
         'my_exercises/mesh_groups.py still raises NotImplementedError. Next: write mesh_groups() '
-        'there (its docstring is the contract, lesson 21_capstone.ipynb explains it, '
+        'there (its docstring is the contract, lesson 22_capstone.ipynb explains it, '
         "show('mesh_groups') gives hints), then check again")

@@ -1,4 +1,4 @@
-"""Exercise 18.1 (medium), lesson 18_pipeline_schedules.ipynb: the 1F1B order of a pipeline stage.
+"""Exercise 19.1 (medium), lesson 19_pipeline_schedules.ipynb: the 1F1B order of a pipeline stage.
 
 Write one_f_one_b_order() below (its docstring is the contract: what must hold), then check it:
     check("one_f_one_b_order")                                 in the notebook
@@ -22,8 +22,8 @@ def one_f_one_b_order(stage: int, num_stages: int, num_micro: int) -> list[str]:
     """
     # Your code here; the checker calls one_f_one_b_order(stage, num_stages, num_micro) on every rank.
     raise NotImplementedError(
-        'exercise 18.1 (one_f_one_b_order): not started yet, as expected for a fresh stub: '
+        'exercise 19.1 (one_f_one_b_order): not started yet, as expected for a fresh stub: '
         'my_exercises/one_f_one_b_order.py still raises NotImplementedError. Next: write '
         'one_f_one_b_order() there (its docstring is the contract, lesson '
-        "18_pipeline_schedules.ipynb explains it, show('one_f_one_b_order') gives hints), then "
+        "19_pipeline_schedules.ipynb explains it, show('one_f_one_b_order') gives hints), then "
         'check again')

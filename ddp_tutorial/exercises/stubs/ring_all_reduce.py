@@ -1,4 +1,4 @@
-"""Exercise 5.1 (hard), lesson 05_ring_all_reduce.ipynb: the ring all-reduce: reduce-scatter, then all-gather.
+"""Exercise 6.1 (hard), lesson 06_ring_all_reduce.ipynb: the ring all-reduce: reduce-scatter, then all-gather.
 
 Write ring_all_reduce() below (its docstring is the contract: what must hold), then check it:
     check("ring_all_reduce")                                 in the notebook
@@ -35,7 +35,7 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """
     # Your code here; the checker calls ring_all_reduce(tensor) on every rank.
     raise NotImplementedError(
-        'exercise 5.1 (ring_all_reduce): not started yet, as expected for a fresh stub: '
+        'exercise 6.1 (ring_all_reduce): not started yet, as expected for a fresh stub: '
         'my_exercises/ring_all_reduce.py still raises NotImplementedError. Next: write '
-        'ring_all_reduce() there (its docstring is the contract, lesson 05_ring_all_reduce.ipynb '
+        'ring_all_reduce() there (its docstring is the contract, lesson 06_ring_all_reduce.ipynb '
         "explains it, show('ring_all_reduce') gives hints), then check again")

@@ -1,4 +1,4 @@
-"""Exercise 19.1 (hard), lesson 19_long_sequences.ipynb: ring attention's forward: K/V around the ring, the log-sum-exp merge.
+"""Exercise 20.1 (hard), lesson 20_long_sequences.ipynb: ring attention's forward: K/V around the ring, the log-sum-exp merge.
 
 Write ring_attention_forward() below (its docstring is the contract: what must hold), then check it:
     check("ring_attention_forward")                                 in the notebook
@@ -29,8 +29,8 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     """
     # Your code here; the checker calls ring_attention_forward(q, k, v) on every rank.
     raise NotImplementedError(
-        'exercise 19.1 (ring_attention_forward): not started yet, as expected for a fresh stub: '
+        'exercise 20.1 (ring_attention_forward): not started yet, as expected for a fresh stub: '
         'my_exercises/ring_attention_forward.py still raises NotImplementedError. Next: write '
         'ring_attention_forward() there (its docstring is the contract, lesson '
-        "19_long_sequences.ipynb explains it, show('ring_attention_forward') gives hints), then "
+        "20_long_sequences.ipynb explains it, show('ring_attention_forward') gives hints), then "
         'check again')

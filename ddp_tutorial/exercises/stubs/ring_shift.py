@@ -1,4 +1,4 @@
-"""Exercise 3.1 (medium), lesson 03_point_to_point.ipynb: pass tokens around a ring without a deadlock.
+"""Exercise 4.1 (medium), lesson 04_point_to_point.ipynb: pass tokens around a ring without a deadlock.
 
 Write ring_shift() below (its docstring is the contract: what must hold), then check it:
     check("ring_shift")                                 in the notebook
@@ -27,7 +27,7 @@ def ring_shift(tensor: torch.Tensor, hops: int = 1) -> torch.Tensor:
     """
     # Your code here; the checker calls ring_shift(tensor, hops) on every rank.
     raise NotImplementedError(
-        'exercise 3.1 (ring_shift): not started yet, as expected for a fresh stub: '
+        'exercise 4.1 (ring_shift): not started yet, as expected for a fresh stub: '
         'my_exercises/ring_shift.py still raises NotImplementedError. Next: write ring_shift() '
-        'there (its docstring is the contract, lesson 03_point_to_point.ipynb explains it, '
+        'there (its docstring is the contract, lesson 04_point_to_point.ipynb explains it, '
         "show('ring_shift') gives hints), then check again")

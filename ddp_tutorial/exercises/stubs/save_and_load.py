@@ -1,4 +1,4 @@
-"""Exercise 8.1 (medium), lesson 08_torchrun.ipynb: rank 0's atomic checkpoint, a barrier, a map_location load.
+"""Exercise 9.1 (medium), lesson 09_torchrun.ipynb: rank 0's atomic checkpoint, a barrier, a map_location load.
 
 Write save_and_load() below (its docstring is the contract: what must hold), then check it:
     check("save_and_load")                                 in the notebook
@@ -27,7 +27,7 @@ def save_and_load(rank: int, world_size: int, state: dict, path: str, device: to
     """
     # Your code here; the checker calls save_and_load(rank, world_size, state, path, device) on every rank.
     raise NotImplementedError(
-        'exercise 8.1 (save_and_load): not started yet, as expected for a fresh stub: '
+        'exercise 9.1 (save_and_load): not started yet, as expected for a fresh stub: '
         'my_exercises/save_and_load.py still raises NotImplementedError. Next: write '
-        'save_and_load() there (its docstring is the contract, lesson 08_torchrun.ipynb explains '
+        'save_and_load() there (its docstring is the contract, lesson 09_torchrun.ipynb explains '
         "it, show('save_and_load') gives hints), then check again")

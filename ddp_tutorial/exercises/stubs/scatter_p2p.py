@@ -1,4 +1,4 @@
-"""Exercise 4.1 (warm-up), lesson 04_collectives.ipynb: scatter from send and recv.
+"""Exercise 5.1 (warm-up), lesson 05_collectives.ipynb: scatter from send and recv.
 
 Write scatter_p2p() below (its docstring is the contract: what must hold), then check it:
     check("scatter_p2p")                                 in the notebook
@@ -26,7 +26,7 @@ def scatter_p2p(out: torch.Tensor, chunks: list[torch.Tensor] | None, src: int =
     """
     # Your code here; the checker calls scatter_p2p(out, chunks, src) on every rank.
     raise NotImplementedError(
-        'exercise 4.1 (scatter_p2p): not started yet, as expected for a fresh stub: '
+        'exercise 5.1 (scatter_p2p): not started yet, as expected for a fresh stub: '
         'my_exercises/scatter_p2p.py still raises NotImplementedError. Next: write scatter_p2p() '
-        'there (its docstring is the contract, lesson 04_collectives.ipynb explains it, '
+        'there (its docstring is the contract, lesson 05_collectives.ipynb explains it, '
         "show('scatter_p2p') gives hints), then check again")

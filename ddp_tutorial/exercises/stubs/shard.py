@@ -1,4 +1,4 @@
-"""Exercise 6.1 (medium), lesson 06_ddp_spawn.ipynb: a DistributedSampler of your own: padding and a shuffle per epoch.
+"""Exercise 7.1 (medium), lesson 07_ddp_spawn.ipynb: a DistributedSampler of your own: padding and a shuffle per epoch.
 
 Write shard() below (its docstring is the contract: what must hold), then check it:
     check("shard")                                 in the notebook
@@ -29,7 +29,7 @@ def shard(num_samples: int, rank: int, world_size: int, epoch: int, seed: int = 
     """
     # Your code here; the checker calls shard(num_samples, rank, world_size, epoch, seed) on every rank.
     raise NotImplementedError(
-        'exercise 6.1 (shard): not started yet, as expected for a fresh stub: my_exercises/shard.py'
+        'exercise 7.1 (shard): not started yet, as expected for a fresh stub: my_exercises/shard.py'
         ' still raises NotImplementedError. Next: write shard() there (its docstring is the '
-        "contract, lesson 06_ddp_spawn.ipynb explains it, show('shard') gives hints), then check "
+        "contract, lesson 07_ddp_spawn.ipynb explains it, show('shard') gives hints), then check "
         'again')

@@ -1,4 +1,4 @@
-"""Exercise 9.1 (warm-up), lesson 09_model_parallel_ddp.ipynb: split ToyModel across two devices.
+"""Exercise 10.1 (warm-up), lesson 10_model_parallel_ddp.ipynb: split ToyModel across two devices.
 
 Write split_forward() below (its docstring is the contract: what must hold), then check it:
     check("split_forward")                                 in the notebook
@@ -26,7 +26,7 @@ def split_forward(model: nn.Module, x: torch.Tensor, devices: tuple[str, str]) -
     """
     # Your code here; the checker calls split_forward(model, x, devices) on every rank.
     raise NotImplementedError(
-        'exercise 9.1 (split_forward): not started yet, as expected for a fresh stub: '
+        'exercise 10.1 (split_forward): not started yet, as expected for a fresh stub: '
         'my_exercises/split_forward.py still raises NotImplementedError. Next: write '
-        'split_forward() there (its docstring is the contract, lesson 09_model_parallel_ddp.ipynb '
+        'split_forward() there (its docstring is the contract, lesson 10_model_parallel_ddp.ipynb '
         "explains it, show('split_forward') gives hints), then check again")

@@ -1,4 +1,4 @@
-"""Exercise 14.1 (medium), lesson 14_tensor_parallel.ipynb: a column- and row-parallel MLP by hand: f and g.
+"""Exercise 15.1 (medium), lesson 15_tensor_parallel.ipynb: a column- and row-parallel MLP by hand: f and g.
 
 Write tp_mlp_forward() below (its docstring is the contract: what must hold), then check it:
     check("tp_mlp_forward")                                 in the notebook
@@ -30,7 +30,7 @@ def tp_mlp_forward(x: torch.Tensor, w1_shard: torch.Tensor, b1_shard: torch.Tens
     """
     # Your code here; the checker calls tp_mlp_forward(x, w1_shard, b1_shard, w2_shard, b2) on every rank.
     raise NotImplementedError(
-        'exercise 14.1 (tp_mlp_forward): not started yet, as expected for a fresh stub: '
+        'exercise 15.1 (tp_mlp_forward): not started yet, as expected for a fresh stub: '
         'my_exercises/tp_mlp_forward.py still raises NotImplementedError. Next: write '
-        'tp_mlp_forward() there (its docstring is the contract, lesson 14_tensor_parallel.ipynb '
+        'tp_mlp_forward() there (its docstring is the contract, lesson 15_tensor_parallel.ipynb '
         "explains it, show('tp_mlp_forward') gives hints), then check again")

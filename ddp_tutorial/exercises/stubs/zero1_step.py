@@ -1,4 +1,4 @@
-"""Exercise 13.1 (hard), lesson 13_sharding.ipynb: one ZeRO-1 step: reduce-scatter, Adam on my slice, all-gather.
+"""Exercise 14.1 (hard), lesson 14_sharding.ipynb: one ZeRO-1 step: reduce-scatter, Adam on my slice, all-gather.
 
 Write zero1_step() below (its docstring is the contract: what must hold), then check it:
     check("zero1_step")                                 in the notebook
@@ -36,7 +36,7 @@ def zero1_step(params_flat: torch.Tensor, grads_flat: torch.Tensor, state: dict,
     """
     # Your code here; the checker calls zero1_step(params_flat, grads_flat, state, lr) on every rank.
     raise NotImplementedError(
-        'exercise 13.1 (zero1_step): not started yet, as expected for a fresh stub: '
+        'exercise 14.1 (zero1_step): not started yet, as expected for a fresh stub: '
         'my_exercises/zero1_step.py still raises NotImplementedError. Next: write zero1_step() '
-        'there (its docstring is the contract, lesson 13_sharding.ipynb explains it, '
+        'there (its docstring is the contract, lesson 14_sharding.ipynb explains it, '
         "show('zero1_step') gives hints), then check again")

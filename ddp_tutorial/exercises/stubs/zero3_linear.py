@@ -1,4 +1,4 @@
-"""Exercise 17.1 (hard), lesson 17_zero3_and_checkpoints.ipynb: a ZeRO-3 linear layer: gather for forward, gather again for backward, reduce-scatter.
+"""Exercise 18.1 (hard), lesson 18_zero3_and_checkpoints.ipynb: a ZeRO-3 linear layer: gather for forward, gather again for backward, reduce-scatter.
 
 Write zero3_linear() below (its docstring is the contract: what must hold), then check it:
     check("zero3_linear")                                 in the notebook
@@ -34,7 +34,7 @@ def zero3_linear(x: torch.Tensor, shard: torch.Tensor, shape: tuple[int, int]) -
     """
     # Your code here; the checker calls zero3_linear(x, shard, shape) on every rank.
     raise NotImplementedError(
-        'exercise 17.1 (zero3_linear): not started yet, as expected for a fresh stub: '
+        'exercise 18.1 (zero3_linear): not started yet, as expected for a fresh stub: '
         'my_exercises/zero3_linear.py still raises NotImplementedError. Next: write zero3_linear() '
-        'there (its docstring is the contract, lesson 17_zero3_and_checkpoints.ipynb explains it, '
+        'there (its docstring is the contract, lesson 18_zero3_and_checkpoints.ipynb explains it, '
         "show('zero3_linear') gives hints), then check again")

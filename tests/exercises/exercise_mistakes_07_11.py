@@ -1,4 +1,4 @@
-"""Typical wrong answers to exercises 6.1, 8.1, 9.1 and 10.1, and the words their diagnosis must contain.
+"""Typical wrong answers to exercises 7.1, 9.1, 10.1 and 11.1, and the words their diagnosis must contain.
 
 Among them the wrong answers whose numbers are right, caught by what the checker records: a
 forward that moves nothing, a checkpoint read without waiting, a scoring loop in training mode.

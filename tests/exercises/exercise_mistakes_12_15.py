@@ -1,4 +1,4 @@
-"""Typical wrong answers to the exercises of lessons 11-14, and the words their diagnosis must contain.
+"""Typical wrong answers to the exercises of lessons 12-15, and the words their diagnosis must contain.
 
 Same format as ``exercise_mistakes``: ``(exercise, source, words, timeout in seconds)``;
 ``ALSO_RIGHT`` holds other right answers, which must pass.
