@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                       python("", comment="the doctor: can this machine run the course?")),
     "01_data_parallel": (python("bench", "dp", comment="DataParallel vs DDP throughput, same model"),),
     "02_process_groups": (Command("comm.process_groups"),),
+    "03_start_methods": (python("comm.start_methods", comment="fork, spawn, forkserver; Process and mp.spawn"),),
     "04_point_to_point": (Command("comm.p2p"),),
     "05_collectives": (Command("comm.collectives"),),
     "06_ring_all_reduce": (Command("comm.ring"),

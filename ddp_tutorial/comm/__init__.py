@@ -3,9 +3,10 @@
 The modules, in lesson order:
 - ``hello`` (00): the first distributed program, an all-reduce of the ranks;
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.comm.hello``
-- ``start_methods`` (03): how Python starts a child (fork, spawn, forkserver) and the two classic launchers
 - ``process_groups`` (02): rendezvous, sub-groups, barrier, timeouts, tear-down;
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.comm.process_groups``
+- ``start_methods`` (03): how Python starts a child (fork, spawn, forkserver) and the two classic launchers;
+  ``python -m ddp_tutorial.comm.start_methods``
 - ``p2p`` (04): send/recv, isend/irecv, batch_isend_irecv, a token ring, deadlocks;
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.comm.p2p``
 - ``collectives`` (05): every collective, what each rank holds before and after;

@@ -19,6 +19,8 @@ Used by ``03_start_methods``. ``multiprocessing`` has three *start methods*:
 ``what_children_see`` starts one child with each method and asks what it inherited;
 ``launch_with_process`` and ``launch_with_mp_spawn`` start ranks without ``launch.spawn``;
 ``raw_mp_spawn`` shows what ``torch.multiprocessing.spawn`` does with a notebook's function.
+
+    python -m ddp_tutorial.comm.start_methods    # the start methods, then both launchers, 2 ranks
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def raw_mp_spawn(fn: Callable[[int, int], Any], nprocs: int = 2, timeout: float 
     """``torch.multiprocessing.spawn(fn)`` with the children's stderr captured.
 
     For a worker defined in a notebook the children die before ``fn`` runs;
-    the error then quotes the error line they printed (02 shows this on purpose).
+    the error then quotes the error line they printed (03 shows this on purpose).
     """
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")
     level = spawn_log.level
@@ -172,3 +174,20 @@ def _join(context, timeout: float) -> None:
                 p.kill()
                 p.join()
             raise TimeoutError(f"mp.spawn ranks still running after {timeout:g} s")
+
+
+def main() -> None:
+    """What a child of each start method sees, then two ranks started by each classic launcher."""
+    for method, answer in what_children_see().items():
+        copy, parent = answer["sees the parent's change"], answer["child of the parent"]
+        print(f"{method:10s} sees the parent's change: {copy!s:5s}  child of this process: {parent}")
+    for launcher in (launch_with_process, launch_with_mp_spawn):
+        results = launcher(world_size=2, timeout=120)
+        print(f"{launcher.__name__:22s} -> results by rank: {results}")
+        if results != [3.0, 3.0]:  # each rank all-reduced rank + 1: 1 + 2
+            sys.exit(f"{launcher.__name__}: expected [3.0, 3.0], got {results}: FAILED")
+    print("both launchers returned the all-reduced sum on every rank: OK")
+
+
+if __name__ == "__main__":
+    main()

@@ -40,3 +40,17 @@ def test_raw_mp_spawn_of_a_main_function_reports_cant_get_attribute(monkeypatch)
     monkeypatch.setattr(sys.modules["__main__"], "_defined_in_main", _defined_in_main, raising=False)
     with pytest.raises(RuntimeError, match="Can't get attribute '_defined_in_main'"):
         sm.raw_mp_spawn(_defined_in_main, nprocs=2, timeout=90)
+
+
+@pytest.mark.slow
+def test_the_command_line_prints_each_method_and_both_launchers_ok():
+    # `python -m`: the workers are then attributes of __main__, which spawn re-imports as __mp_main__
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "ddp_tutorial.comm.start_methods"], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "launch_with_mp_spawn   -> results by rank: [3.0, 3.0]" in out.stdout
+    assert out.stdout.rstrip().endswith(": OK")
+    if "fork" in multiprocessing.get_all_start_methods():
+        assert "fork       sees the parent's change: True   child of this process: True" in out.stdout
