@@ -13,7 +13,7 @@ from ddp_tutorial.exercises.exercise import Exercise
 
 def _discover() -> dict[str, Exercise]:
     """Every ``checks.lesson_*`` module's ``EXERCISES``, in lesson order: the order is each
-    exercise's own ``number`` ("5.1"), so it is written in one place, beside the exercise."""
+    exercise's own ``number`` ("6.1"), so it is written in one place, beside the exercise."""
     found = [e for info in pkgutil.iter_modules(checks.__path__) if info.name.startswith("lesson_")
              for e in importlib.import_module(f"{checks.__name__}.{info.name}").EXERCISES]
     found.sort(key=lambda e: tuple(int(part) for part in e.number.split(".")))
