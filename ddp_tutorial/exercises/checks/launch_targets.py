@@ -17,6 +17,7 @@ import time
 
 MARK = "as imported"
 CHANGED = "changed by the checker after the import"
+CHECKER_PID = 0  # set by the checker: a worker called in the checker's own process must not wait there
 PATIENCE = 30.0  # seconds a rank waits for its neighbour; never reached when the launcher is right
 HANG = 60.0  # how long the hanging rank sleeps: the checker stops it long before
 HELD = []  # lock files kept open until the process exits (the kernel releases them then)
@@ -73,6 +74,8 @@ def finish_in_reverse(rank: int, world_size: int, folder: str, *, ordered: bool 
     """
     if ordered:
         record(rank, folder)
+        if os.getpid() == CHECKER_PID:
+            raise RuntimeError("finish_in_reverse was called in the checker's own process, not in a child")
         lock = open(os.path.join(folder, f"lock-{rank}"), "w")
         fcntl.flock(lock, fcntl.LOCK_EX)
         HELD.append(lock)  # never closed here: released when this process exits

@@ -12,107 +12,28 @@ are refused, imported or called.
 
 from __future__ import annotations
 
-import importlib
 import itertools
+import multiprocessing
 import os
-import shutil
-import signal
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-import torch.multiprocessing as torch_mp
-
-from ddp_tutorial import launch
-from ddp_tutorial.launch import spawner
-from ddp_tutorial.exercises import checks
+from ddp_tutorial.exercises.checks.launching import (
+    GRACE,
+    TARGETS,
+    call_with_deadline,
+    importable,
+    learner_module,
+    refused_launchers,
+    start_method,
+    stop_all,
+)
 from ddp_tutorial.exercises.exercise import Exercise
-from ddp_tutorial.exercises.harness import SOLUTIONS, Report, imported_module, run_cases
-from ddp_tutorial.exercises.recording import LibraryCall, learner_calls, recording
+from ddp_tutorial.exercises.harness import Report, run_cases
+from ddp_tutorial.exercises.recording import recording
 from ddp_tutorial.exercises.tracing import NotAllowed, traced
-
-REFUSED = ("torch.multiprocessing", "ddp_tutorial.launch", "ddp_tutorial.comm.start_methods")
-TARGETS = Path(checks.__file__).with_name("launch_targets.py")
-GRACE = 5.0  # seconds past its timeout a launcher may take to stop its children
-_copies = itertools.count()
-
-
-def importable(source: Path, folder: Path, name: str) -> ModuleType:
-    """``source`` imported as the top-level module ``name`` from ``folder``: children import it too."""
-    shutil.copyfile(source, folder / f"{name}.py")
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))  # the children of every start method get this sys.path
-    return importlib.import_module(name)
-
-
-def learner_module(source: str, folder: Path) -> ModuleType:
-    """The learner's file, importable by a child under a fresh name (no stale bytecode); refused imports raise."""
-    text = Path(source).read_text(encoding="utf-8")
-    used = imported_module(text, (SOLUTIONS, *REFUSED))
-    if used:
-        raise NotAllowed(f"{Path(source).name} imports {used}: the exercise is to start the processes yourself "
-                         "with multiprocessing alone (get_context, Process, Queue or Pipe)")
-    return importable(Path(source), folder, f"checked_launch_ranks_{os.getpid()}_{next(_copies)}")
-
-
-@contextmanager
-def refused_launchers() -> Iterator[None]:
-    """``torch.multiprocessing.spawn``/``start_processes`` and ``launch.spawn`` raise while the block runs."""
-    def refuse(name: str) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            raise NotAllowed(f"{name} is not allowed in this exercise: start the processes yourself with "
-                             "multiprocessing (get_context, Process, Queue or Pipe)")
-        return call
-
-    places = [(torch_mp, "spawn", "torch.multiprocessing.spawn"),
-              (torch_mp, "start_processes", "torch.multiprocessing.start_processes"),
-              (launch, "spawn", "ddp_tutorial.launch.spawn"), (spawner, "spawn", "ddp_tutorial.launch.spawn")]
-    saved = [(module, attr, getattr(module, attr)) for module, attr, _ in places]
-    for module, attr, name in places:
-        setattr(module, attr, refuse(name))
-    try:
-        yield
-    finally:
-        for module, attr, fn in saved:
-            setattr(module, attr, fn)
-
-
-def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float) -> tuple[str, Any]:
-    """``("returned", value)``, ``("raised", exception)`` or ``("hung", None)`` after ``timeout + GRACE`` s."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["returned"] = fn(*args, timeout=timeout)
-        except BaseException as err:  # noqa: BLE001  (the learner's error is what we report)
-            box["raised"] = err
-
-    thread = threading.Thread(target=run, daemon=True)  # a launcher that never returns must not hold the check
-    thread.start()
-    thread.join(timeout + GRACE)
-    return next(iter(box.items())) if box else ("hung", None)
-
-
-def start_method(calls: list[LibraryCall]) -> str:
-    """What the learner asked ``multiprocessing.get_context`` for, in words."""
-    asked = [c.arguments.get("method") for c in learner_calls(calls, "multiprocessing.get_context")]
-    if not asked or asked[-1] is None:
-        return "it used the default start method, which is fork on Linux up to Python 3.13"
-    return f"it asked for multiprocessing.get_context({asked[-1]!r})"
-
-
-def stop_all(pids: list[int]) -> None:
-    """The checker's own clean-up: no child of a check outlives it, whatever the launcher did."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def launch_ranks_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
@@ -121,6 +42,10 @@ def launch_ranks_worker(rank: int, world_size: int, source: str, function: str, 
     folder.mkdir()
     targets = importable(TARGETS, folder, "checked_launch_targets")
     targets.MARK = targets.CHANGED  # a forked child sees this; a spawned one imports the file afresh
+    targets.CHECKER_PID = os.getpid()
+    # This rank inherited launch.spawn's forkserver as its default start method; a learner's
+    # notebook or script has the platform's (fork on Linux up to Python 3.13): check with that.
+    multiprocessing.set_start_method(None, force=True)
     counter = itertools.count()
     with traced(rank, trace_dir) as trace, refused_launchers(), \
             recording(trace, {"multiprocessing.get_context": ["multiprocessing:get_context"]}) as calls:
@@ -133,7 +58,9 @@ def launch_ranks_worker(rank: int, world_size: int, source: str, function: str, 
             run_dir = folder / f"run{next(counter)}"
             run_dir.mkdir()
             what = f"launch_ranks({worker.__name__}, {n}, args=(folder,), timeout={timeout:g})"
-            outcome, value = trace.logged(what, call_with_deadline, fn, worker, n, (str(run_dir),), timeout=timeout)
+            trace.log(f"> {what}")  # not trace.logged: the get_context calls inside are the learner's own
+            outcome, value = call_with_deadline(fn, worker, n, (str(run_dir),), timeout=timeout)
+            trace.log(f"< {what}")
             seen = targets.facts(str(run_dir), n)
             problem = None
             if any(f["pid"] == os.getpid() for f in seen.values()):
@@ -153,12 +80,13 @@ def launch_ranks_worker(rank: int, world_size: int, source: str, function: str, 
             return outcome, value, seen, problem
 
         def by_rank(n: int) -> str | None:
-            outcome, value, seen, problem = launched(targets.finish_in_reverse, n, 20.0)
+            outcome, value, seen, problem = launched(targets.finish_in_reverse, n, 10.0)
             if problem:
                 return problem
             what = f"launch_ranks(finish_in_reverse, {n}, ...)"
             if outcome == "raised":
-                return f"{what} raised {type(value).__name__}: {value}, though every rank returns"
+                return str(value) if isinstance(value, NotAllowed) else (
+                    f"{what} raised {type(value).__name__}: {value}, though every rank returns")
             want = [targets.finish_in_reverse(r, n, "", ordered=False) for r in range(n)]  # the workers, called here
             if value == want:
                 return None
@@ -201,20 +129,23 @@ def launch_ranks_worker(rank: int, world_size: int, source: str, function: str, 
                 if outcome == "returned":
                     return f"{what} returned {value!r} although rank 1 was still running: raise TimeoutError"
                 if not isinstance(value, TimeoutError):
-                    return (f"{what} raised {type(value).__name__}: {value}; expected the built-in TimeoutError "
+                    kind = type(value).__qualname__ if type(value).__module__ == "builtins" else \
+                        f"{type(value).__module__}.{type(value).__qualname__}"
+                    return (f"{what} raised {kind}: {value}; expected the built-in TimeoutError "
                             "(multiprocessing.TimeoutError is another class)")
-                deadline = time.monotonic() + 2.0  # a child sent SIGKILL is gone within moments
-                left = [r for r, f in seen.items() if targets.state(f["pid"]) != "gone"]
-                while left and time.monotonic() < deadline:
+                deadline = time.monotonic() + 2.0  # a child sent SIGTERM or SIGKILL ends within moments
+                states = {r: targets.state(f["pid"]) for r, f in seen.items()}
+                while "running" in states.values() and time.monotonic() < deadline:
                     time.sleep(0.02)
-                    left = [r for r, f in seen.items() if targets.state(f["pid"]) == "running"]
-                running = [r for r in left if targets.state(seen[r]["pid"]) == "running"]
+                    states = {r: targets.state(f["pid"]) for r, f in seen.items()}
+                running = [r for r, s in states.items() if s == "running"]
+                left = [r for r, s in states.items() if s == "zombie"]
                 if running:
                     return (f"{what} raised TimeoutError but left rank {running[0]}'s process running: "
                             "terminate() or kill() every child still alive, then join() it")
                 if left:
-                    return (f"{what} stopped rank {left[0]}'s process but never joined it (a zombie until "
-                            "joined): join() every child after terminate() or kill()")
+                    return (f"{what}: rank {left[0]}'s process ended but was never joined (a zombie until "
+                            "joined): join() every child, after terminate() or kill() for those still running")
                 return None
             finally:
                 stop_all(pids)
