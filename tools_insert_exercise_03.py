@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+import nbformat
+
 ROOT = Path(__file__).resolve().parent
 NOTEBOOK = ROOT / "notebooks" / "03_start_methods.ipynb"
 NAME = "launch_ranks"
@@ -145,7 +147,8 @@ def main() -> None:
             count += 1
             c["execution_count"] = count
     cells[at[0]:at[0]] = new
-    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    # as JupyterLab saves it (tests/infra/test_notebooks.py): nbformat.write's layout, a final newline
+    path.write_text(nbformat.writes(nbformat.from_dict(nb), version=nbformat.NO_CONVERT) + "\n", encoding="utf-8")
     print(f"{path}: inserted {len(new)} cells before '## Summary' and one summary line")
 
 
