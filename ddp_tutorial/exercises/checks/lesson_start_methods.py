@@ -53,7 +53,7 @@ def launch_ranks_worker(rank: int, world_size: int, source: str, function: str, 
         if not callable(fn):
             raise AttributeError(f"{Path(source).name} defines no function {function}() (the checker calls it)")
 
-        def launched(worker: Callable[..., Any], n: int, timeout: float) -> tuple[str, Any, dict[int, dict], str]:
+        def launched(worker: Callable[..., Any], n: int, timeout: float) -> tuple[str, Any, dict[int, dict], str | None]:
             """Call the launcher; what it did, the facts each rank recorded, and a problem seen in them."""
             run_dir = folder / f"run{next(counter)}"
             run_dir.mkdir()
