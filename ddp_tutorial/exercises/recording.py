@@ -62,16 +62,24 @@ def recording(trace: Trace, targets: Mapping[str, Sequence[str]]) -> Iterator[li
     import may reach is patched, and all of them record under the one name.
     """
     calls: list[LibraryCall] = []
-    saved = []
+    replacements = []
     for name, places in targets.items():
         for place in places:
             module_name, attribute = place.split(":")
             module = importlib.import_module(module_name)
-            original = getattr(module, attribute)
-            saved.append((module, attribute, original))
-            setattr(module, attribute, wrapped(trace, calls, name, original))
-    try:
+            replacements.append((module, attribute, wrapped(trace, calls, name, getattr(module, attribute))))
+    with patched(replacements):
         yield calls
+
+
+@contextmanager
+def patched(replacements: Sequence[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Set each ``(module, attribute, replacement)`` while the block runs; restore the originals after."""
+    saved = [(module, attribute, getattr(module, attribute)) for module, attribute, _ in replacements]
+    for module, attribute, replacement in replacements:
+        setattr(module, attribute, replacement)
+    try:
+        yield
     finally:
         for module, attribute, original in reversed(saved):
             setattr(module, attribute, original)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
 import sys
 
 import pytest
@@ -45,8 +46,6 @@ def test_raw_mp_spawn_of_a_main_function_reports_cant_get_attribute(monkeypatch)
 @pytest.mark.slow
 def test_the_command_line_prints_each_method_and_both_launchers_ok():
     # `python -m`: the workers are then attributes of __main__, which spawn re-imports as __mp_main__
-    import subprocess
-
     out = subprocess.run([sys.executable, "-m", "ddp_tutorial.comm.start_methods"], capture_output=True,
                          text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -28,7 +28,7 @@ import torch.multiprocessing as torch_mp
 from ddp_tutorial import launch
 from ddp_tutorial.exercises import checks
 from ddp_tutorial.exercises.harness import SOLUTIONS, imported_module
-from ddp_tutorial.exercises.recording import LibraryCall, learner_calls
+from ddp_tutorial.exercises.recording import LibraryCall, learner_calls, patched
 from ddp_tutorial.exercises.tracing import NotAllowed
 from ddp_tutorial.launch import spawner
 
@@ -68,14 +68,8 @@ def refused_launchers() -> Iterator[None]:
     places = [(torch_mp, "spawn", "torch.multiprocessing.spawn"),
               (torch_mp, "start_processes", "torch.multiprocessing.start_processes"),
               (launch, "spawn", "ddp_tutorial.launch.spawn"), (spawner, "spawn", "ddp_tutorial.launch.spawn")]
-    saved = [(module, attr, getattr(module, attr)) for module, attr, _ in places]
-    for module, attr, name in places:
-        setattr(module, attr, refuse(name))
-    try:
+    with patched([(module, attr, refuse(name)) for module, attr, name in places]):
         yield
-    finally:
-        for module, attr, fn in saved:
-            setattr(module, attr, fn)
 
 
 def call_with_deadline(fn: Callable[..., Any], *args: Any, timeout: float) -> tuple[str, Any]:

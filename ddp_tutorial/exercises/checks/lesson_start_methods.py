@@ -134,10 +134,11 @@ def launch_ranks_worker(rank: int, world_size: int, source: str, function: str, 
                     return (f"{what} raised {kind}: {value}; expected the built-in TimeoutError "
                             "(multiprocessing.TimeoutError is another class)")
                 deadline = time.monotonic() + 2.0  # a child sent SIGTERM or SIGKILL ends within moments
-                states = {r: targets.state(f["pid"]) for r, f in seen.items()}
-                while "running" in states.values() and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                while True:
                     states = {r: targets.state(f["pid"]) for r, f in seen.items()}
+                    if "running" not in states.values() or time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)
                 running = [r for r, s in states.items() if s == "running"]
                 left = [r for r, s in states.items() if s == "zombie"]
                 if running:
