@@ -1,0 +1,91 @@
+"""The mixture of experts of lesson 21 (``21_expert_parallel``): ``ExpertMLP``, ``MixtureOfExperts`` (router,
+top-k gates, capacity) and ``TinyMoENet``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class ExpertMLP(nn.Module):
+    """One expert of a mixture: Linear(dim, hidden) -> ReLU -> Linear(hidden, dim)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+class MixtureOfExperts(nn.Module):
+    """A top-k routed mixture-of-experts layer, computed in one process (``21_expert_parallel``).
+
+    The router scores each token against every expert (a bias-free linear), softmax makes the
+    scores probabilities, each token goes to its ``top_k`` most probable experts, and their
+    probabilities, renormalised to sum to 1 (Mixtral's gates), weight the experts' outputs.
+    With a ``capacity_factor`` the tokens are cut into ``groups`` equal groups (GShard's groups:
+    one per rank under expert parallelism) and in each group an expert takes at most
+    ``ceil(factor * group_tokens * top_k / num_experts)`` tokens, first come in token order;
+    a token an expert drops gets nothing from it. Written as plain loops: the reference that
+    ``expert_parallel.dispatch`` must equal.
+    """
+
+    def __init__(self, dim: int = 8, hidden: int = 16, num_experts: int = 4, top_k: int = 2, *,
+                 capacity_factor: float | None = None):
+        super().__init__()
+        self.num_experts, self.top_k, self.capacity_factor = num_experts, top_k, capacity_factor
+        self.router = nn.Linear(dim, num_experts, bias=False)
+        self.experts = nn.ModuleList(ExpertMLP(dim, hidden) for _ in range(num_experts))
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(probs, chosen, gates)``: every expert's probability (tokens, E), each token's
+        ``top_k`` experts (tokens, k) and their renormalised weights (tokens, k)."""
+        probs = torch.softmax(self.router(x), dim=-1)
+        top, chosen = probs.topk(self.top_k, dim=-1)
+        return probs, chosen, top / top.sum(dim=-1, keepdim=True)
+
+    def kept(self, chosen: torch.Tensor, groups: int = 1) -> torch.Tensor:
+        """(tokens, k) booleans: which of the choices their expert takes (all, without a capacity)."""
+        keep = torch.ones_like(chosen, dtype=torch.bool)
+        if self.capacity_factor is None:
+            return keep
+        per_group = len(chosen) // groups
+        limit = math.ceil(self.capacity_factor * per_group * self.top_k / self.num_experts)
+        for g in range(groups):
+            taken = [0] * self.num_experts
+            for t in range(g * per_group, (g + 1) * per_group):
+                for slot, e in enumerate(chosen[t].tolist()):
+                    keep[t, slot] = taken[e] < limit
+                    taken[e] += 1
+        return keep
+
+    def forward(self, x: torch.Tensor, groups: int = 1) -> torch.Tensor:
+        _, chosen, gates = self.route(x)
+        keep = self.kept(chosen, groups)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.nonzero((chosen == e) & keep, as_tuple=True)
+            if len(token):
+                out = out.index_add(0, token, gates[token, slot, None] * expert(x[token]))
+        return out
+
+
+class TinyMoENet(nn.Module):
+    """Linear -> residual mixture of experts -> Linear: dense layers around an MoE (``21_expert_parallel``).
+
+    Under expert parallelism ``moe`` is split over ranks and ``inp``/``out`` are data-parallel.
+    """
+
+    def __init__(self, dim: int = 8, hidden: int = 16, num_experts: int = 4, top_k: int = 2, *,
+                 capacity_factor: float | None = None):
+        super().__init__()
+        self.inp, self.out = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.moe = MixtureOfExperts(dim, hidden, num_experts, top_k, capacity_factor=capacity_factor)
+
+    def forward(self, x: torch.Tensor, groups: int = 1) -> torch.Tensor:
+        h = self.inp(x)
+        return self.out(h + self.moe(h, groups))
