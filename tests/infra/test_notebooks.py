@@ -133,3 +133,20 @@ def test_stored_as_jupyterlab_saves_it(path):
     # the server writes with nbformat.write: indent 1, sorted keys, lines split, a final newline
     assert text == nbformat.writes(nb, version=nbformat.NO_CONVERT) + "\n", \
         f"{path.name} is not stored as Jupyter writes it: re-save it with nbformat.write"
+
+
+# An outline item: "1. ...", at a line's start or inline after a comma ("4. `barrier`, 5. timeouts").
+OUTLINE_ITEM = re.compile(r"(?m)(?:^|[\s,;(])(\d{1,2})\.\s+(?=\S)")
+SECTION = re.compile(r"(?m)^## (\d+)\.")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_opening_outline_lists_exactly_the_numbered_sections(path):
+    """A lesson that opens with a numbered outline promises its sections: the same numbers, in order,
+    as its ``## N.`` headings (a section added or merged later must update the outline)."""
+    cells = json.loads(path.read_text())["cells"]
+    outline = [int(n) for n in OUTLINE_ITEM.findall("".join(cells[0]["source"]))]
+    sections = [int(n) for cell in cells if cell["cell_type"] == "markdown"
+                for n in SECTION.findall("".join(cell["source"]))]
+    if outline:
+        assert outline == sections, f"{path.name}: the outline numbers {outline}, the sections {sections}"
