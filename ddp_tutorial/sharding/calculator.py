@@ -17,8 +17,9 @@ Estimates, from the published formulas and not measured here:
 - ``pp > 1``: ``layers / pp`` per rank, the first stage holding ``pp`` micro-batches (1F1B);
 - Llama-style shapes (``gated``, ``kv_heads``, RMSNorm, ``attention="flash"``): the same
   accounting op by op; a fused kernel may keep less.
-- ZeRO shards over ``dp`` only (not ``dp × cp``); temporary buffers (gathered ZeRO-3 layers,
-  communication buckets, the allocator's fragmentation) are not counted.
+- ZeRO shards over ``dp × cp``: the ``cp`` ranks of a replica hold the same weights, so FSDP
+  shards over both (torchtitan's ``dp_shard_cp``, the capstone's ``fsdp_mesh``); temporary buffers
+  (gathered ZeRO-3 layers, communication buckets, the allocator's fragmentation) are not counted.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def bytes_per_rank(shape: ModelShape, *, micro_batch: int = 1, dp: int = 1, tp: 
                    microbatches: int = 0) -> dict[str, int]:
     """Bytes the busiest rank holds, by term: parameters, gradients, optimizer states, activations, total.
 
-    ``zero``: 0 (DDP), 1 (optimizer state sharded over ``dp``), 2 (+ gradients), 3 (+ parameters).
+    ``zero``: 0 (DDP), 1 (optimizer state sharded over ``dp × cp``), 2 (+ gradients), 3 (+ parameters).
     ``precision``: "fp32" (4 + 4 + 8 bytes per parameter with Adam) or "bf16-mixed" (2 + 2 + 12).
     ``microbatches`` in flight on the first pipeline stage: 0 means ``pp`` (1F1B).
     The module docstring says which terms are exact and which are estimates.
@@ -130,8 +131,8 @@ def bytes_per_rank(shape: ModelShape, *, micro_batch: int = 1, dp: int = 1, tp: 
     layer, outside = num_params(shape)
     params = math.ceil((layer * math.ceil(shape.layers / pp) + (outside if pp == 1 else outside / 2)) / tp)
 
-    def share(nbytes: int, sharded: bool) -> int:
-        return -(-nbytes // dp) if sharded else nbytes
+    def share(nbytes: int, sharded: bool) -> int:  # over dp x cp: the ranks that hold the same weights
+        return -(-nbytes // (dp * cp)) if sharded else nbytes
 
     per_layer = sum(activation_terms(shape, micro_batch, act_bytes=e, mask_bytes=mask_bytes, dropout=dropout,
                                      attention=attention, recompute=recompute, cp=cp).values())

@@ -99,3 +99,18 @@ def test_bf16_autocast_loss_follows_fp32():
     fp32, bf16 = train_losses(8), train_losses(8, autocast=True)
     assert max(abs(a - b) for a, b in zip(fp32, bf16)) < 0.02
     assert fp32 != bf16  # bf16 really ran
+
+
+def test_zero_shards_model_state_over_dp_times_cp():
+    """The cp ranks of a replica hold the same weights, so ZeRO/FSDP shards over dp x cp (torchtitan's
+    dp_shard_cp): by hand from Llama 3 8B's 8.03e9 parameters and the ZeRO paper's 2 + 2 + 12 bytes each."""
+    layer, outside = num_params(PRESETS["llama-8b"])
+    psi = 32 * layer + outside
+    for dp, cp in ((8, 1), (2, 4), (1, 8)):
+        three = bytes_per_rank(PRESETS["llama-8b"], dp=dp, cp=cp, zero=3)
+        assert (three["parameters"], three["gradients"], three["optimizer states"]) == \
+            (-(-2 * psi // 8), -(-2 * psi // 8), -(-12 * psi // 8)), (dp, cp)
+        one = bytes_per_rank(PRESETS["llama-8b"], dp=dp, cp=cp, zero=1)
+        assert (one["parameters"], one["optimizer states"]) == (2 * psi, -(-12 * psi // 8)), (dp, cp)
+    # cp still divides the activations' tokens, which dp does not
+    assert bytes_per_rank(PRESETS["llama-8b"], cp=8)["activations"] < bytes_per_rank(PRESETS["llama-8b"], dp=8)["activations"]
