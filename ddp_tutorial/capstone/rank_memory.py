@@ -220,7 +220,7 @@ def report(layout: Layout, ranks: list[dict], run: GPTRun) -> list[str]:
     for facts in firsts.values():
         for term in TERMS:
             got, want = facts["measured"][term], facts["predicted"][term]
-            why = f"  ({', '.join(top_reasons(run, layout, facts['stage']))})" if term == "activations" else ""
+            why = f"  ({'; '.join(top_reasons(run, layout, facts['stage']))})" if term == "activations" else ""
             lines.append(f"  stage {facts['stage']} {term:<17} {got:>8} | {want:>8} | {got / want:5.2f}{why}")
     return lines
 
