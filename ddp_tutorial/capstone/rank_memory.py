@@ -62,16 +62,34 @@ def saved_bytes(model: nn.Module) -> Iterator[SavedBytes]:
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if isinstance(t, DTensor) else t
 
+    # Where the weights live: (module, name) read afresh at each look, since FSDP2 swaps the
+    # Parameter object there; each object's local view kept (with the object), its storage's
+    # address read afresh (FSDP2 frees and reallocates the storage behind a gathered weight).
+    places = [(m, n) for m in model.modules() for n, _ in m.named_parameters(recurse=False)]
+    views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def weight_addresses() -> set[int]:
+        out = set()
+        for module, name in places:
+            p = getattr(module, name)
+            if p is None:
+                continue
+            if id(p) not in views or views[id(p)][0] is not p:
+                views[id(p)] = (p, local(p))
+            out.add(views[id(p)][1].untyped_storage().data_ptr())
+        return out
+
     def pack(t: torch.Tensor) -> torch.Tensor:
         if isinstance(t, nn.Parameter):  # a weight (FSDP2's gathered ones are Parameters too): model state
             return t
         # A gather DTensor has not waited for yet is an AsyncCollectiveTensor: its result is ``.elem``.
         storage = getattr(local(t), "elem", local(t)).untyped_storage()
-        # Read at each save, not once: FSDP2 swaps its sharded parameters for gathered ones
-        # during the forward, and linear saves the weight as a transposed view, not the Parameter.
-        weights = {local(p).untyped_storage().data_ptr() for p in model.parameters()}
         ptr = storage.data_ptr()
-        if ptr not in weights and ptr not in seen and storage.nbytes() > 0:
+        if ptr in seen or storage.nbytes() == 0:  # counted already, or nothing to count
+            return t
+        # Read at each new storage, not once: FSDP2 swaps its sharded parameters for gathered ones
+        # during the forward, and linear saves the weight as a transposed view, not the Parameter.
+        if ptr not in weight_addresses():
             seen[ptr] = storage  # alive until the block ends: an address names one storage
             record.total += storage.nbytes()
             record.storages += 1
