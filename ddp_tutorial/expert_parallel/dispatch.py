@@ -130,7 +130,7 @@ class ExpertParallelMoE(nn.Module):
         super().__init__()
         self.group, self.top_k, self.num_experts = group, full.top_k, full.num_experts
         self.capacity_factor, self.normalize_topk = full.capacity_factor, full.normalize_topk
-        self.first_choices_first = full.first_choices_first
+        self.first_choices_first, self.selection_bias = full.first_choices_first, full.selection_bias
         n, rank = dist.get_world_size(group), dist.get_rank(group)
         if self.num_experts % n:
             raise ValueError(f"{self.num_experts} experts do not split evenly over {n} ranks")
@@ -143,7 +143,8 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x: torch.Tensor, groups: int | None = None) -> torch.Tensor:
         """``x``: this rank's tokens (tokens, dim). ``groups`` is ignored: each rank is its own capacity
         group; it is there so that the layer can stand in for ``MixtureOfExperts``."""
-        _, chosen, gates = top_k_gates(self.router(x), self.top_k, self.normalize_topk)
+        _, chosen, gates = top_k_gates(self.router(x), self.top_k, self.normalize_topk,
+                                       selection_bias=self.selection_bias)
         limit = capacity(len(x), self.top_k, self.num_experts, self.capacity_factor)
         keep = keep_mask(chosen, self.num_experts, limit, first_choices_first=self.first_choices_first)
         rows, plan = dispatch(x, chosen, gates, keep, self.num_experts, self.group)

@@ -14,6 +14,9 @@ router's output, the same on one process and on every rank of expert parallelism
 - ``load_balancing_loss``: Switch's ``E * sum_e f_e * P_e``, ``f_e`` the fraction of the
   assignments expert ``e`` got and ``P_e`` its mean probability; 1 when either is uniform, at most
   ``E / k`` (every token on the same ``k`` experts, all the probability on them);
+- ``balance_run``: a few steps of training with the balancing loss, or with DeepSeek-V3's
+  auxiliary-loss-free bias instead (``bias_step``: ``b_e -= gamma`` if expert ``e`` is overloaded,
+  ``+= gamma`` if underloaded, the bias used to choose only);
 - ``make_moe`` and ``moe_batch``: the layer and the tokens of the lesson's routings
   (``SCENARIOS``), the uneven ones made on purpose.
 """
@@ -30,7 +33,7 @@ from ddp_tutorial.models import MixtureOfExperts
 from ddp_tutorial.models.moe import top_k_gates
 
 __all__ = ["SCENARIOS", "DIM", "MoESetup", "top_k_gates", "capacity", "keep_mask", "expert_counts", "load_balancing_loss",
-           "make_moe", "moe_batch", "dropped_fraction", "balance_run", "main"]
+           "make_moe", "moe_batch", "dropped_fraction", "bias_step", "balance_run", "main"]
 
 DIM = 8  # the model width of every layer in the lesson: tiny, so a CPU runs it at once
 # random: whatever the router says; idle expert: the last expert is never chosen;
@@ -141,10 +144,20 @@ def dropped_fraction(setup: MoESetup, world_size: int, factors: list[float]) -> 
     return out
 
 
-def balance_run(aux_weight: float, steps: int = 30, setup: MoESetup = MoESetup(tokens_per_rank=64)) -> dict:
+def bias_step(bias: torch.Tensor, counts: torch.Tensor, gamma: float) -> torch.Tensor:
+    """DeepSeek-V3's update after a step (arXiv:2412.19437, section 2.1.2): each expert's selection bias
+    ``- gamma`` if it took more than the mean load, ``+ gamma`` if less; outside the gradient."""
+    return bias - gamma * torch.sign(counts.to(bias.dtype) - counts.float().mean())
+
+
+def balance_run(aux_weight: float, steps: int = 30, setup: MoESetup = MoESetup(tokens_per_rank=64), *,
+                bias_gamma: float = 0.0) -> dict:
     """Train the layer alone in one process (Adam, a fixed regression) with ``aux_weight`` times the
-    balancing loss added: the tokens per expert and the balancing loss at every step."""
+    balancing loss added, and, with ``bias_gamma``, a selection bias moved by ``bias_step`` after each
+    step: the tokens per expert and the balancing loss at every step."""
     moe = make_moe(setup)
+    if bias_gamma:
+        moe.selection_bias = torch.zeros(setup.num_experts)
     with torch.no_grad():
         moe.router.weight[0] += 0.2  # a router that starts out favouring expert 0 ...
     x, target = moe_batch(setup, 1)
@@ -158,7 +171,10 @@ def balance_run(aux_weight: float, steps: int = 30, setup: MoESetup = MoESetup(t
         opt.zero_grad()
         loss.backward()
         opt.step()
-        counts.append(torch.bincount(chosen.reshape(-1), minlength=setup.num_experts).tolist())
+        load = torch.bincount(chosen.reshape(-1), minlength=setup.num_experts)
+        if bias_gamma:
+            moe.selection_bias = bias_step(moe.selection_bias, load, bias_gamma)
+        counts.append(load.tolist())
         aux.append(balance.item())
     return {"counts": counts, "aux": aux}
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 
-def top_k_gates(logits: torch.Tensor, top_k: int, normalize_topk: bool | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def top_k_gates(logits: torch.Tensor, top_k: int, normalize_topk: bool | None = None, *,
+                selection_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(probs, chosen, gates)`` from the router's logits (tokens, E): softmax probabilities (tokens, E),
     each token's ``top_k`` experts (tokens, k) and the gates that weight their outputs (tokens, k).
 
@@ -20,9 +20,16 @@ def top_k_gates(logits: torch.Tensor, top_k: int, normalize_topk: bool | None = 
     default, renormalises only when ``top_k >= 2``: with one expert the renormalised gate is
     ``p / p = 1``, a constant, and the task loss gives the router no gradient at all (which is why
     Switch, Fedus et al. 2021, section 2.1, weights by ``p`` itself).
+
+    ``selection_bias`` (E,): added to the probabilities to *choose* the experts, never to weight
+    them (DeepSeek-V3's auxiliary-loss-free balancing, arXiv:2412.19437, section 2.1.2).
     """
     probs = torch.softmax(logits, dim=-1)
-    top, chosen = probs.topk(top_k, dim=-1)
+    if selection_bias is None:
+        top, chosen = probs.topk(top_k, dim=-1)
+    else:
+        chosen = (probs + selection_bias).topk(top_k, dim=-1).indices
+        top = probs.gather(-1, chosen)
     if normalize_topk is None:
         normalize_topk = top_k >= 2
     return probs, chosen, top / top.sum(dim=-1, keepdim=True) if normalize_topk else top
@@ -59,13 +66,14 @@ class MixtureOfExperts(nn.Module):
         super().__init__()
         self.num_experts, self.top_k, self.capacity_factor = num_experts, top_k, capacity_factor
         self.normalize_topk, self.first_choices_first = normalize_topk, first_choices_first
+        self.selection_bias: torch.Tensor | None = None  # (E,), set by bias balancing: a state, not a weight
         self.router = nn.Linear(dim, num_experts, bias=False)
         self.experts = nn.ModuleList(ExpertMLP(dim, hidden) for _ in range(num_experts))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(probs, chosen, gates)``: every expert's probability (tokens, E), each token's
         ``top_k`` experts (tokens, k) and their weights (tokens, k), by ``top_k_gates``."""
-        return top_k_gates(self.router(x), self.top_k, self.normalize_topk)
+        return top_k_gates(self.router(x), self.top_k, self.normalize_topk, selection_bias=self.selection_bias)
 
     def kept(self, chosen: torch.Tensor, groups: int = 1) -> torch.Tensor:
         """(tokens, k) booleans: which of the choices their expert takes (all, without a capacity).

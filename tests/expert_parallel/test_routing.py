@@ -16,6 +16,7 @@ from ddp_tutorial.expert_parallel.routing import (
     SCENARIOS,
     MoESetup,
     balance_run,
+    bias_step,
     capacity,
     dropped_fraction,
     keep_mask,
@@ -195,3 +196,19 @@ def test_picture_writes_every_count():
     ax = plot_expert_load([[1, 2], [2, 1]])
     assert len(ax.lines) == 2
     plt.close("all")
+
+
+def test_the_selection_bias_chooses_but_never_weights():
+    logits = torch.randn(6, 4, generator=torch.Generator().manual_seed(2))
+    bias = torch.tensor([0.0, 0.0, 0.0, 5.0])  # expert 3 wins every selection ...
+    probs, chosen, gates = top_k_gates(logits, 1, selection_bias=bias)
+    assert (chosen == 3).all()
+    assert torch.equal(gates[:, 0], probs[:, 3])  # ... and weighs by its own probability, bias-free
+    counts = torch.tensor([10, 2, 6, 6])
+    assert bias_step(torch.zeros(4), counts, 0.1).tolist() == pytest.approx([-0.1, 0.1, 0.0, 0.0])
+
+
+def test_bias_balancing_spreads_the_tokens_without_an_auxiliary_loss():
+    without, biased = balance_run(0.0, steps=20), balance_run(0.0, steps=20, bias_gamma=0.01)
+    assert without["counts"][0] == biased["counts"][0]
+    assert min(without["counts"][-1]) == 0 and min(biased["counts"][-1]) >= 16  # within 2x of the even 32
