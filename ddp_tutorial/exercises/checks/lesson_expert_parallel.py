@@ -34,7 +34,7 @@ ROUTINGS = [
 ]
 
 
-def routing(src: int, rows, where, world_size: int) -> torch.Tensor:  # noqa: ANN001  (ROUTINGS' functions)
+def routing(src: int, rows, where, *, world_size: int) -> torch.Tensor:  # noqa: ANN001  (ROUTINGS' functions)
     """Rank ``src``'s destinations, the same on every rank: each rank can count what it must receive."""
     gen = torch.Generator().manual_seed(src)
     return torch.tensor([where(src, i, world_size, gen) for i in range(rows(src))], dtype=torch.long)
@@ -73,7 +73,7 @@ def misplaced(rank: int, i: int, destination: int, got: torch.Tensor) -> str:
             "(send back with the split sizes swapped, then undo the sort)")
 
 
-def too_many_rows(rank: int, got: int, want: int, total: int) -> str:
+def too_many_rows(rank: int, got: int, want: int, *, total: int) -> str:
     """The rows a rank's ``compute`` got are not what the routing sends it."""
     if got == total and want != total:
         return (f"the results are right, but rank {rank}'s compute got {got} rows where the routing sends it {want}: "
@@ -83,7 +83,7 @@ def too_many_rows(rank: int, got: int, want: int, total: int) -> str:
             "send each row only to its destination, once")
 
 
-def gradients(rank: int, x: torch.Tensor, scale: torch.Tensor, incoming: list[tuple[torch.Tensor, torch.Tensor]],
+def gradients(rank: int, x: torch.Tensor, scale: torch.Tensor, *, incoming: list[tuple[torch.Tensor, torch.Tensor]],
               destination: torch.Tensor) -> str | None:
     """``x.grad`` must be each row's loss weight; ``scale.grad``, on the rank that computed, the sum of
     the received rows times their weights (``compute`` is ``received * scale + stamp``)."""
@@ -113,7 +113,7 @@ def dispatch_combine_worker(rank: int, world_size: int, source: str, function: s
 
         def case(rows, where) -> str | None:  # noqa: ANN001  (a routing of ROUTINGS)
             device = rank_device()
-            everyone = [routing(s, rows, where, world_size) for s in range(world_size)]
+            everyone = [routing(s, rows, where, world_size=world_size) for s in range(world_size)]
             destination = everyone[rank]
             x = token(rank, len(destination))
             want = x + STAMP * (destination[:, None].float() + 1)
@@ -138,7 +138,7 @@ def dispatch_combine_worker(rank: int, world_size: int, source: str, function: s
                     return misplaced(rank, i, int(destination[i]), values[i])
             total = sum(len(d) for d in everyone)
             if seen[0] != sum(len(rows_in) for rows_in, _ in incoming):
-                return too_many_rows(rank, seen[0], sum(len(rows_in) for rows_in, _ in incoming), total)
+                return too_many_rows(rank, seen[0], sum(len(rows_in) for rows_in, _ in incoming), total=total)
             forward = len([c for c in trace.calls if c.kind == "all_to_all_single"])
             if world_size > 1 and forward != 3:
                 return (f"the rows are right, but it made {forward} all_to_all_single calls: three are all it "
@@ -152,7 +152,7 @@ def dispatch_combine_worker(rank: int, world_size: int, source: str, function: s
             (got * weight(rank, len(x)).to(device)).sum().backward()
             trace.phase = ""
             backward = len([c for c in trace.calls if c.kind == "all_to_all_single"]) - forward
-            problem = gradients(rank, mine, scale, incoming, destination)
+            problem = gradients(rank, mine, scale, incoming=incoming, destination=destination)
             if problem is None and world_size > 1 and backward != 2:
                 problem = (f"the gradients are right, but backward made {backward} all_to_all_single calls on rank "
                            f"{rank}: two are all it needs (the results' gradients out, the rows' gradients home)")
