@@ -66,7 +66,8 @@ class KeptStorages(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and not t.is_meta:
-                self.refs.setdefault(t.untyped_storage().data_ptr(), StorageWeakRef(t.untyped_storage()))
+                # the latest storage at an address: an earlier one there was freed before it came
+                self.refs[t.untyped_storage().data_ptr()] = StorageWeakRef(t.untyped_storage())
         return out
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
