@@ -149,7 +149,8 @@ def bubble_fraction(num_stages: int, num_micro: int, virtual: int = 1) -> float:
 
 def interleaved_peak(num_ranks: int, virtual: int = 1) -> float:
     """Micro-batches of a whole rank's activations that interleaved 1F1B keeps on the first rank:
-    ``p (1 + (p - 1) / (p v))`` (Korthikanti et al. 2022, section 4.2.3); ``v = 1`` is 1F1B's ``p``."""
+    ``p (1 + (p - 1) / (p v))`` (Korthikanti et al. 2022, section 4.2.3), for ``v >= 2`` stages per
+    rank; plain 1F1B holds ``p``."""
     return num_ranks * (1 + (num_ranks - 1) / (num_ranks * virtual))
 
 
