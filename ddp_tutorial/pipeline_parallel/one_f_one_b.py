@@ -234,7 +234,8 @@ def main() -> None:
     if info.is_main:
         diff = max_difference(gathered, one_process(2 * info.world_size, 2 * args.num_micro))
         for r in gathered:
-            print(f"stage {r['rank']}: {' '.join(r['order'])}  (peak {r['peak']} micro-batches held)")
+            print(f"stage {r['rank']}: {' '.join(r['order'])}  (peak {r['peak']} micro-batches held, "
+                  f"{r['peak_bytes']} bytes)")
         print(f"{args.schedule} on {info.world_size} stages equals one process (loss and gradients within 1e-12): "
               f"{max(diff.values()) < 1e-12}")
 

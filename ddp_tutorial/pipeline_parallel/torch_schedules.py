@@ -1,13 +1,15 @@
 """torch's pipeline schedules on ``PipelineStage``s, each run timed per action (``19_pipeline_schedules``).
 
-``torch.distributed.pipelining`` runs the same model with any of its schedules: a rank
+``torch.distributed.pipelining`` runs the same model with any of its seven schedules: a rank
 holds one stage (``ScheduleGPipe``, ``Schedule1F1B``) or several (``ScheduleInterleaved1F1B``,
-``ScheduleInterleavedZeroBubble``: stages ``r, r + p, ...``; ``ScheduleZBVZeroBubble``: stages
-``r`` and ``2p - 1 - r``, a V). The zero-bubble schedules split each backward into ``B``
+``ScheduleInterleavedZeroBubble``, ``ScheduleLoopedBFS``: stages ``r, r + p, ...``;
+``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``: stages ``r`` and ``2p - 1 - r``, a V). The zero-bubble schedules split each backward into ``B``
 (the input gradient, which the previous stage waits for) and ``W`` (the weight gradient,
 which nobody waits for, so it fills the bubbles). The stages' ``forward_one_chunk``,
 ``backward_one_chunk`` and ``backward_weight_one_chunk`` are wrapped to record when each
 ran: the timeline is the run's own. Every schedule is checked against one process.
+``torch_orders`` and ``ideal_run`` play torch's own order of a schedule on the ideal clock of
+``orders.simulate``: the schedule's own target.
 
     torchrun --nproc-per-node=2 -m ddp_tutorial.pipeline_parallel.torch_schedules
     torchrun --nproc-per-node=4 -m ddp_tutorial.pipeline_parallel.torch_schedules --num-micro 8
@@ -221,6 +223,10 @@ def main() -> None:
             if not runs_here(name, dist.get_backend()):
                 if info.is_main:
                     print(f"{name}: skipped, it fails on torch {torch.__version__} with {dist.get_backend()}")
+                continue
+            if name == "DualPipeV" and args.num_micro < 2 * info.world_size:
+                if info.is_main:
+                    print(f"{name}: skipped, torch needs at least as many micro-batches as stages (2 per rank)")
                 continue
             result = schedule_worker(info.rank, info.world_size, name, args.num_micro)
             gathered = [None] * info.world_size
