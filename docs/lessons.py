@@ -103,7 +103,7 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                                  Command("sharding.sharded_resume", "--checkpoint-dir ckpt17 --steps 6 --async-save",
                                          comment="a DCP checkpoint each step; add --fail-at-step 3 and --max-restarts=1")),
     "19_pipeline_schedules": (Command("pipeline_parallel.one_f_one_b", nproc=4, comment="1F1B from scratch, 4 stages"),
-                              Command("pipeline_parallel.torch_schedules", comment="torch's five schedules, each vs one process"),
+                              Command("pipeline_parallel.torch_schedules", comment="torch's seven schedules, each vs one process"),
                               python("bench", "pipeline --schedules", comment="bubble and peak of each schedule, p 2 and 4")),
 }
 
