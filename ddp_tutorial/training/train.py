@@ -20,6 +20,7 @@ progress bar (on a terminal) and writes the checkpoint after every epoch.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -45,6 +46,7 @@ from ddp_tutorial.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
+from ddp_tutorial.training.checkpoint_file import check_writable
 from ddp_tutorial.training.data import DATASETS, DataError, load_dataset, make_loaders
 from ddp_tutorial.training.evaluation import evaluate
 from ddp_tutorial.training.preemption import (
@@ -53,14 +55,20 @@ from ddp_tutorial.training.preemption import (
     exit_on_sigterm,
     partial_epoch,
     resume_running,
+    signal_names,
 )
 from ddp_tutorial.training.reproducibility import deterministic_for, seed_everything
 
-__all__ = ["TrainConfig", "ConfigError", "train", "fit", "progress", "maybe_fail",
+__all__ = ["TrainConfig", "ConfigError", "check_config", "parse_config", "train", "fit", "progress", "maybe_fail",
            "default_model", "main"]
 
 DEFAULT_MODEL = {"digits": "cnn", "fake": "cnn", "cifar10": "resnet18"}
 FAILURE_EXIT_CODE = 13
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
+# What build() reads back from a checkpoint (epoch_state writes them); model_name and dataset are compared.
+RESUME_KEYS = ("model", "optimizer", "rng", "epoch", "step", "history", "model_name", "dataset")
+MIN_IMAGE_SIZE = 2  # SmallCNN's 2x2 max-pool needs two pixels a side
+MAX_FAKE_BYTES = 4 * 2**30  # fake images are made in memory at once: 3 * size**2 float32 each
 
 
 class ConfigError(ValueError):
@@ -95,6 +103,44 @@ def default_model(dataset: str) -> str:
     return DEFAULT_MODEL.get(dataset, "cnn")
 
 
+def check_config(config: TrainConfig) -> None:
+    """Every rule on the options, checked before any process group or data: a one-line ``ConfigError``.
+
+    ``main`` turns it into a usage error (exit 2) before torchrun's ranks meet; ``train`` checks again
+    for callers that build a ``TrainConfig`` themselves (``launch.spawn`` in ``11_train_end_to_end``).
+    """
+    at_least = {"--epochs": (config.num_epochs, 1), "--num-samples": (config.num_samples, 1),
+                "--image-size": (config.image_size, MIN_IMAGE_SIZE), "--workers": (config.workers, 0),
+                "--fail-at-step": (config.fail_at_step if config.fail_at_step is not None else 1, 1)}
+    for option, (value, least) in at_least.items():
+        if value < least:
+            raise ConfigError(f"{option} must be at least {least}, got {value}")
+    if 3 * 4 * config.image_size ** 2 * (config.num_samples + config.num_samples // 8) > MAX_FAKE_BYTES:
+        raise ConfigError(f"--num-samples {config.num_samples} fake images of {config.image_size}x"
+                          f"{config.image_size} would take over {MAX_FAKE_BYTES // 2**30} GiB of memory; use fewer or smaller")
+    if not (math.isfinite(config.lr) and config.lr >= 0):
+        raise ConfigError(f"--lr must be a finite number of at least 0, got {config.lr}")
+    if not (math.isfinite(config.momentum) and 0 <= config.momentum < 1):
+        raise ConfigError(f"--momentum must be at least 0 and below 1, got {config.momentum}")
+    if not 0 <= config.seed < 2**63:
+        raise ConfigError(f"--seed must be from 0 to 2**63 - 1, got {config.seed}")
+    model_name = config.model or default_model(config.dataset)
+    if model_name not in TRAIN_MODELS:
+        raise ConfigError(f"unknown model {model_name!r}; choose one of {', '.join(TRAIN_MODELS)}")
+    if config.checkpoint == "":
+        raise ConfigError("--checkpoint needs a file path, such as ckpt/model.pt")
+    if config.stop_on_signal is not None:
+        try:
+            names = signal_names(config.stop_on_signal)
+        except ValueError as exc:
+            raise ConfigError(f"--stop-on-signal {config.stop_on_signal}: {exc}") from None
+        if not names:
+            raise ConfigError("--stop-on-signal needs a signal name, such as USR1 or USR1,TERM")
+    for option, given in (("--resume", config.resume), ("--stop-on-signal", config.stop_on_signal)):
+        if given and not config.checkpoint:
+            raise ConfigError(f"{option} needs --checkpoint PATH: the file to resume from and to save to")
+
+
 @dataclass
 class Setup:
     """What a rank trains with: the bare model, its DDP wrapper, the optimizer and the loaders."""
@@ -114,11 +160,7 @@ class Setup:
 
 def build(config: TrainConfig, rank: int, world_size: int, device: torch.device) -> Setup:
     """Data, model (restored from the checkpoint with ``--resume``), DDP and optimizer for one rank."""
-    if config.num_epochs < 1:
-        raise ConfigError(f"--epochs must be at least 1, got {config.num_epochs}")
     model_name = config.model or default_model(config.dataset)
-    if model_name not in TRAIN_MODELS:
-        raise ConfigError(f"unknown model {model_name!r}; choose one of {', '.join(TRAIN_MODELS)}")
     seed_everything(config.seed, deterministic_for(config.deterministic, device.type), cuda=device.type == "cuda")
     spec = load_dataset(config.dataset, data_dir=config.data_dir, download=config.download, seed=config.seed,
                         num_samples=config.num_samples, image_size=config.image_size)
@@ -127,7 +169,7 @@ def build(config: TrainConfig, rank: int, world_size: int, device: torch.device)
     model = build_model(model_name, spec.in_channels, spec.num_classes).to(device)
     state = None
     if config.resume and agree_to_resume(config.checkpoint):  # rank 0's answer, on every rank
-        state = load_checkpoint(config.checkpoint, map_location=device,
+        state = load_checkpoint(config.checkpoint, map_location=device, require=RESUME_KEYS,
                                 expect={"model_name": model_name, "dataset": config.dataset})
         try:
             model.load_state_dict(state["model"])
@@ -169,6 +211,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
 
     A ``launch.spawn`` target, and the body of ``main()`` under torchrun or alone.
     """
+    check_config(config)
     previous = exit_on_sigterm()
     stop = StopRequest(config.stop_on_signal)
     try:
@@ -188,8 +231,6 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
 
 def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int,
         stop: StopRequest | None = None) -> dict:
-    if config.stop_on_signal and not config.checkpoint:
-        raise ConfigError("--stop-on-signal needs --checkpoint: a run that stops early must leave one to resume from")
     stop = stop or StopRequest(None)
     setup = build(config, rank, world_size, device)
     log = print if (rank == 0 and config.log) else (lambda *a, **k: None)
@@ -275,10 +316,17 @@ def _speaks_for_node() -> bool:
         return True
 
 
+def _report(line: str) -> None:
+    """One line on stderr, once per node: every rank fails alike, local rank 0 says why."""
+    if _speaks_for_node():
+        print(line, file=sys.stderr, flush=True)
+    else:
+        time.sleep(1.0)  # torchrun stops the job at the first exit: let local rank 0 say why first
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, printed once per node, instead of usage + error
-        if _speaks_for_node():
-            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        _report(f"{self.prog}: error: {message}")
         self.exit(2)
 
 
@@ -310,18 +358,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """The command line as a checked ``TrainConfig``; a bad option exits 2 with one line, before any work."""
+    parser = build_parser()
+    config = TrainConfig(**vars(parser.parse_args(argv)))
+    try:
+        check_config(config)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
-    config = TrainConfig(**vars(build_parser().parse_args(argv)))
+    config = parse_config(argv)
     try:
         info = rank_info(module="ddp_tutorial.training.train")
+        if config.checkpoint and info.rank == 0:
+            check_writable(config.checkpoint)  # now, not after the first epoch has trained
         start = time.perf_counter()
         result = train(info.rank, info.world_size, config)
     except (ConfigError, DataError, CheckpointError, NotLaunchedError) as exc:
-        if _speaks_for_node():  # every rank fails alike: say it once per node
-            print(f"ddp_tutorial.training.train: error: {exc}", file=sys.stderr)
-        else:
-            time.sleep(1.0)  # torchrun stops the job at the first exit: let local rank 0 say why first
+        _report(f"ddp_tutorial.training.train: error: {exc}")
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the group is left, DataLoader workers stop with their loader
+        saved = (f"the last checkpoint is {config.checkpoint}; add --resume to continue from it"
+                 if config.checkpoint else "nothing was saved (no --checkpoint)")
+        _report(f"ddp_tutorial.training.train: interrupted: {saved}")
+        return INTERRUPTED_EXIT_CODE
     if result["preempted"]:
         return PREEMPTED_EXIT_CODE  # on every rank: the job script requeues on this code
     if info.is_main:
