@@ -28,6 +28,7 @@ import torch.distributed as dist
 from ddp_tutorial.training.checkpoint_file import (
     CheckpointError,
     fsync_directory,
+    make_folder,
     read_bytes,
     remove_stale,
     seal,
@@ -46,10 +47,9 @@ def save_checkpoint(state: dict[str, Any], path: str) -> str:
     ``CheckpointError``, and the previous checkpoint stays as it was.
     """
     data = seal(state)  # serialised first: a state that cannot be saved touches no file
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = make_folder(path)
     tmp = temporary_name(path)  # this process's own name: two runs on one path never touch each other's
     try:
-        os.makedirs(directory, exist_ok=True)
         try:
             with open(tmp, "xb") as f:  # the usual mode (0666 less the umask), where mkstemp gives 0600
                 f.write(data)

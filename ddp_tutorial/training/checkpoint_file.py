@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 __all__ = ["CheckpointError", "seal", "unseal", "read_bytes", "temporary_name", "remove_stale",
-           "fsync_directory", "check_writable"]
+           "fsync_directory", "make_folder", "check_writable"]
 
 MAGIC = b"ddp_tutorial checkpoint sha256:"
 TRAILER_LENGTH = len(MAGIC) + 64  # the magic, then 64 hex digits
@@ -129,6 +129,22 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
+def make_folder(path: str) -> str:
+    """Create the folder ``path`` goes into (with its parents); return it. A file in the way is a ``CheckpointError``."""
+    directory = ancestor = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise CheckpointError(f"cannot write checkpoint {path}: {ancestor} is not a folder; "
+                              "choose a path inside a folder")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc}; "
+                              "choose a folder you can write to") from None
+    return directory
+
+
 def check_writable(path: str) -> None:
     """Refuse, before any training, a checkpoint path that cannot be written: a one-line ``CheckpointError``.
 
@@ -140,13 +156,8 @@ def check_writable(path: str) -> None:
                               f"{os.path.join(path, 'model.pt')}")
     if os.path.exists(path) and not os.path.isfile(path):
         raise CheckpointError(f"{shown}: it exists and is not a regular file; choose another path")
-    ancestor = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise CheckpointError(f"{shown}: {ancestor} is not a folder; choose a path inside a folder")
+    make_folder(path)
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         probe = temporary_name(path)
         with open(probe, "xb"):
             pass
