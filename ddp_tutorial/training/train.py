@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # Ctrl-C: the group is left, DataLoader workers stop with their loader
         saved = (f"the last checkpoint is {config.checkpoint}; add --resume to continue from it"
-                 if config.checkpoint else "nothing was saved (no --checkpoint)")
+                 if config.checkpoint and os.path.isfile(config.checkpoint) else "no checkpoint was saved")
         _report(f"ddp_tutorial.training.train: interrupted: {saved}")
         return INTERRUPTED_EXIT_CODE
     if result["preempted"]:
