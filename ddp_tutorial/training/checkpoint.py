@@ -90,7 +90,7 @@ def agree_to_resume(path: str | None) -> bool:
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu",
-                    expect: dict[str, Any] | None = None, require: Iterable[str] = ()) -> dict[str, Any]:
+                    expect: dict[str, Any] | None = None, *, require: Iterable[str] = ()) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True``; ``expect`` maps keys to required values.
 
     Anything that cannot be read safely, whose checksum does not match, that lacks a key

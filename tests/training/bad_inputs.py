@@ -55,7 +55,7 @@ def _flip(data: bytes) -> bytes:
     return data[:position] + bytes([data[position] ^ 0x10]) + data[position + 1:]
 
 
-def _written(folder: Path, name: str, data: bytes | None = None, obj: object = None, mode: int | None = None) -> str:
+def _written(folder: Path, name: str, data: bytes | None = None, *, obj: object = None, mode: int | None = None) -> str:
     path = folder / name
     if data is not None:
         path.write_bytes(data)

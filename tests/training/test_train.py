@@ -1,6 +1,6 @@
 """The training program: convergence, exact resume after a crash, simulated nodes, bad input, checkpoints.
 
-Covers ``ddp_tutorial.training.train``, ``ddp_tutorial.training.checkpoint``,
+Covers ``ddp_tutorial.training.train``, ``ddp_tutorial.training.options``, ``ddp_tutorial.training.checkpoint``,
 ``ddp_tutorial.training.data``, ``ddp_tutorial.training.reproducibility``,
 ``ddp_tutorial.bench.scaling``.
 """
