@@ -120,7 +120,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
-    p = _Parser(prog="python -m ddp_tutorial.training.train", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="python -m ddp_tutorial.training.train",
+                description="End-to-end DDP training: one program that runs alone, under torchrun, or from a notebook.")
     p.add_argument("--dataset", choices=DATASETS, default=d.dataset)
     p.add_argument("--data-dir", default=d.data_dir, help="folder of the cifar10 data")
     p.add_argument("--download", action="store_true",
