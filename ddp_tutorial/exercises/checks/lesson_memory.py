@@ -5,9 +5,9 @@ cases from rank-dependent seeds). The reference is the plain loop over the same 
 with the same dropout masks (the same seed). The answer is judged by what it does, not by
 which function it calls (``torch.utils.checkpoint.checkpoint``, torch's ``checkpoint_wrapper``
 or another way): the output, ``x.grad`` and every parameter's gradient must equal the
-reference's; the bytes forward leaves alive (``recompute.held_after_forward``) must not exceed
-one block input per block; the most bytes alive during backward
-(``recompute.peak_during_backward``) must not exceed one checkpoint per block's; and no
+reference's; the bytes forward leaves alive must not exceed one block input per block; the most
+bytes alive during backward must not exceed one checkpoint per block's (both measured by
+``recompute.peak_during_backward``); and no
 reentrant checkpoint may be left in the autograd graph.
 """
 
@@ -21,7 +21,7 @@ from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
 from ddp_tutorial.exercises.tracing import traced
 from ddp_tutorial.models import Block
-from ddp_tutorial.sharding.recompute import held_after_forward, peak_during_backward
+from ddp_tutorial.sharding.recompute import peak_during_backward
 
 # (blocks, batch, seq, hidden, heads)
 SHAPES = [(3, 2, 8, 16, 2), (1, 1, 5, 8, 1), (2, 3, 6, 24, 3)]
@@ -68,16 +68,15 @@ def reentrant(out: torch.Tensor) -> bool:
 def measure(fn: object, blocks: nn.ModuleList, x: torch.Tensor, seed: int) -> dict:
     """``fn``'s output and gradients (x's first), the bytes alive after forward and the most during backward."""
     x = x.clone().requires_grad_()
-    out = {}
-    for what, measurement in (("held", held_after_forward), ("peak", peak_during_backward)):
-        blocks.zero_grad(set_to_none=True)
-        torch.manual_seed(seed)
-        out[what] = measurement(Stack(blocks, fn), x)
+    blocks.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    alive = peak_during_backward(Stack(blocks, fn), x)
     blocks.zero_grad(set_to_none=True)
     x.grad = None
     torch.manual_seed(seed)
     y = fn(blocks, x)
-    out["reentrant"] = isinstance(y, torch.Tensor) and y.grad_fn is not None and reentrant(y)
+    out = {"held": alive["after forward"], "peak": alive["peak"],
+           "reentrant": isinstance(y, torch.Tensor) and y.grad_fn is not None and reentrant(y)}
     if isinstance(y, torch.Tensor) and y.requires_grad:
         (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
     return {**out, "out": y, "grads": [x.grad] + [p.grad for p in blocks.parameters()]}
