@@ -128,22 +128,24 @@ def held_after_forward(model: nn.Module, *inputs: torch.Tensor, targets: torch.T
     return held
 
 
-def peak_during_backward(model: nn.Module, *inputs: torch.Tensor) -> dict[str, int]:
+def peak_during_backward(model: nn.Module, *inputs: torch.Tensor) -> dict:
     """Bytes alive when ``model(*inputs)``'s forward has ended, and the most alive at once until its backward ends.
 
     Of the storages ops create (activations, recomputed ones, gradients), not the inputs or the
     parameters; the loss is a fixed weighting of the output. ``"after forward"`` is
     ``held_after_forward``'s count; ``"peak"`` adds what backward allocates: the gradients and,
-    with checkpoints, what each recomputation rebuilds while it is needed.
+    with checkpoints, what each recomputation rebuilds while it is needed. ``"output"``: the
+    output, its gradients now in the inputs' and parameters' ``.grad``.
     """
     with NewStorages(watch=True) as mode:
         out = model(*inputs)
         gc.collect(1)  # the young generations, where forward's reference cycles are: a full collection is slow
         keep = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        keep |= {t.untyped_storage().data_ptr() for t in (out, *inputs)}
+        keep |= {t.untyped_storage().data_ptr() for t in (out, *inputs) if isinstance(t, torch.Tensor)}
         held = sum(n for ptr, (ref, n) in mode.refs.items() if ptr not in keep and not ref.expired())
-        (out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum().backward()
-    return {"after forward": held, "peak": mode.peak}
+        if isinstance(out, torch.Tensor) and out.requires_grad:  # else there is no backward to follow
+            (out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum().backward()
+    return {"after forward": held, "peak": mode.peak, "output": out}
 
 
 def step_flops(step: Callable[[], object]) -> int:
