@@ -104,6 +104,8 @@ class MasterWeights:
         with torch.no_grad():
             for m, w in zip(self.master.parameters(), self.work.parameters()):
                 w.copy_(m)  # rounded to bf16: the masters keep what bf16 would lose
+                if w.grad is not None:
+                    w.grad.zero_()  # kept, as a persistent bf16 gradient buffer, for the next backward
             for buffer in self.main_grads or ():
                 buffer.zero_()
 
