@@ -13,6 +13,7 @@ import torch
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.tensor_parallel.llama_plan import compare_llama, llama_one_process, llama_plan_worker
 from ddp_tutorial.tensor_parallel.sequence_parallel import (
+    DIM,
     activation_bytes,
     block_worker,
     compare_block,
