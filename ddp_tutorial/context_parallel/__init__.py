@@ -11,7 +11,7 @@ The modules, in lesson order:
   ``torchrun --nproc-per-node=4 -m ddp_tutorial.context_parallel.zigzag``
 - ``ulysses`` (20): the all-to-all alternative, heads scattered and the sequence gathered;
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.context_parallel.ulysses``
-- ``traffic`` (20): the bytes ring and Ulysses send, counted and held against the formulas;
+- ``comm_volume`` (20): the bytes ring and Ulysses send, counted and held against the formulas;
 - ``torch_cp`` (20): torch's own ``context_parallel``, its defaults read from torch (CUDA only);
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.context_parallel.torch_cp``
 """

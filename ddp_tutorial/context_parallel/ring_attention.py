@@ -43,7 +43,7 @@ from ddp_tutorial.context_parallel.online_softmax import (
 )
 from ddp_tutorial.env import distributed, rank_device
 
-__all__ = ["LAYOUTS", "chunk_ids", "block_pairs", "attend_block", "merge_partials", "ring_shift",
+__all__ = ["LAYOUTS", "chunk_ids", "block_pairs", "ring_shift",
            "RingAttention", "ring_attention", "shard_sequence", "unshard_sequence", "ring_case", "ring_worker",
            "loss_weight", "qkv_inputs",
            "reference_attention", "compare", "tolerance", "main"]

@@ -29,7 +29,7 @@ from ddp_tutorial.context_parallel.ring_attention import RingAttention, qkv_inpu
 from ddp_tutorial.context_parallel.ulysses import ulysses_attention
 from ddp_tutorial.env import rank_device
 
-__all__ = ["ring_bytes", "ulysses_bytes", "counting_sends", "traffic_worker", "min_block_for_overlap"]
+__all__ = ["ring_bytes", "ulysses_bytes", "counting_sends", "volume_worker", "min_block_for_overlap"]
 
 
 def ring_bytes(n: int, activation: int, *, heads: int, kv_heads: int) -> int:
@@ -53,7 +53,7 @@ def counting_sends() -> Iterator[dict[str, int]]:
         sent["p2p"] += sum(op.tensor.numel() * op.tensor.element_size() for op in ops if op.op is dist.isend)
         return batch(ops)
 
-    def counted_a2a(output: torch.Tensor, input: torch.Tensor, *args: object, **kwargs: object) -> object:  # noqa: A002
+    def counted_a2a(output: torch.Tensor, input: torch.Tensor, *args: object, **kwargs: object) -> object:  # noqa: A002  (torch's own parameter name)
         n = dist.get_world_size(kwargs.get("group"))
         sent["all_to_all"] += input.numel() * input.element_size() * (n - 1) // n  # equal splits
         return a2a(output, input, *args, **kwargs)
@@ -65,7 +65,7 @@ def counting_sends() -> Iterator[dict[str, int]]:
         dist.batch_isend_irecv, dist.all_to_all_single = batch, a2a
 
 
-def traffic_worker(rank: int, world_size: int, shape: tuple[int, int, int, int], kv_heads: int) -> dict[str, int]:
+def volume_worker(rank: int, world_size: int, shape: tuple[int, int, int, int], kv_heads: int) -> dict[str, int]:
     """One forward of the ring (with ``kv_heads`` K/V heads), of the ring with all heads, and of
     Ulysses: the bytes this rank sent in each, and ``A``, its local activation's bytes."""
     full = {kv: qkv_inputs(shape, torch.float32, kv_heads=kv) for kv in (kv_heads, shape[1])}

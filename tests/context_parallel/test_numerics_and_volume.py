@@ -1,8 +1,8 @@
 """Lesson 20: the stable merge in bf16, grouped-query attention on the ring, the bytes each method
 sends, the critical path of the causal layouts, and torch's context-parallel defaults.
 
-Covers ``ddp_tutorial.context_parallel.online_softmax``, ``.traffic``, ``.zigzag`` (per step) and
-``.torch_cp``.
+Covers ``ddp_tutorial.context_parallel.online_softmax``, ``ddp_tutorial.context_parallel.comm_volume``,
+``ddp_tutorial.context_parallel.zigzag`` (per step) and ``ddp_tutorial.context_parallel.torch_cp``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddp_tutorial.context_parallel.comm_volume import min_block_for_overlap, ring_bytes, ulysses_bytes, volume_worker
 from ddp_tutorial.context_parallel.online_softmax import attend_block, merge_partials
 from ddp_tutorial.context_parallel.ring_attention import (
     compare,
@@ -21,7 +22,6 @@ from ddp_tutorial.context_parallel.ring_attention import (
     unshard_sequence,
 )
 from ddp_tutorial.context_parallel.torch_cp import NO_GPU, cp_dispatched_ops, torch_cp_options, torch_cp_worker
-from ddp_tutorial.context_parallel.traffic import min_block_for_overlap, ring_bytes, traffic_worker, ulysses_bytes
 from ddp_tutorial.context_parallel.zigzag import critical_path, scores_per_step
 from ddp_tutorial.launch import spawn
 
@@ -86,7 +86,7 @@ def test_the_ring_with_grouped_query_attention_and_bf16_equals_sdpa(n):
 @pytest.mark.parametrize("n", [2, 4])
 def test_bytes_sent_match_the_formulas(n):
     shape, kv_heads = (1, 4, 16, 8), 2
-    results = spawn(traffic_worker, n, args=(shape, kv_heads), timeout=60, quiet=True)
+    results = spawn(volume_worker, n, args=(shape, kv_heads), timeout=60, quiet=True)
     a = 1 * 4 * (16 // n) * 8 * 4  # batch x heads x seq/N x head_dim float32 bytes
     for r in results:
         assert r["A"] == a
