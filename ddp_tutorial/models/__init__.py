@@ -15,7 +15,7 @@ One module per model family; every name is importable from ``ddp_tutorial.models
 
 from ddp_tutorial.models.gpt import CharGPT, GPTAttention, GPTBlock, GPTFeedForward, rotary
 from ddp_tutorial.models.llama import LlamaAttention, LlamaBlock, SwiGLU, TinyLlama, tp_heads
-from ddp_tutorial.models.moe import ExpertMLP, MixtureOfExperts, TinyMoENet
+from ddp_tutorial.models.moe import ExpertMLP, MixtureOfExperts, TinyMoENet, top_k_gates
 from ddp_tutorial.models.small import DeepMLP, SharedLayerNet, ToyModel, make_model
 from ddp_tutorial.models.transformer import Block, EinsumLinear, LookupMLP, TinyGPT, TinyTransformer, token_batch
 from ddp_tutorial.models.vision import TRAIN_MODELS, SmallCNN, build_model, resnet18_small
@@ -24,5 +24,5 @@ __all__ = [
     "TRAIN_MODELS", "Block", "CharGPT", "DeepMLP", "EinsumLinear", "ExpertMLP", "GPTAttention", "GPTBlock",
     "GPTFeedForward", "LlamaAttention", "LlamaBlock", "LookupMLP", "MixtureOfExperts", "SharedLayerNet",
     "SmallCNN", "SwiGLU", "TinyGPT", "TinyLlama", "TinyTransformer", "TinyMoENet", "ToyModel", "build_model", "make_model",
-    "resnet18_small", "rotary", "token_batch", "tp_heads",
+    "resnet18_small", "rotary", "token_batch", "top_k_gates", "tp_heads",
 ]
