@@ -42,6 +42,7 @@ from ddp_tutorial.context_parallel.online_softmax import (
     scores,
 )
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 
 __all__ = ["LAYOUTS", "chunk_ids", "block_pairs", "ring_shift",
            "RingAttention", "ring_attention", "shard_sequence", "unshard_sequence", "ring_case", "ring_worker",
@@ -279,11 +280,9 @@ def main() -> None:
             if info.is_main:
                 diff = compare(results, qkv_inputs(shape, dtype), causal=causal)
                 ok = max(diff.values()) < tolerance(dtype)
-                print(f"{'OK' if ok else 'FAILED'}: ring attention over {info.world_size} rank(s), causal={causal}, "
-                      f"{args.dtype}: output and q/k/v gradients equal SDPA on the whole sequence "
-                      f"(largest difference {max(diff.values()):.1e})")
-                if not ok:
-                    raise SystemExit(1)
+                verdict(ok, f"ring attention over {info.world_size} rank(s), causal={causal}, "
+                            f"{args.dtype}: output and q/k/v gradients equal SDPA on the whole sequence "
+                            f"(largest difference {max(diff.values()):.1e})")
 
 
 if __name__ == "__main__":

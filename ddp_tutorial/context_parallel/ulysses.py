@@ -33,6 +33,7 @@ from ddp_tutorial.context_parallel.ring_attention import (
     tolerance,
 )
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 
 __all__ = ["seq_to_heads", "heads_to_seq", "SeqToHeads", "HeadsToSeq", "ulysses_attention", "ulysses_case",
            "ulysses_worker", "main"]
@@ -125,10 +126,8 @@ def main() -> None:
             if info.is_main:
                 diff = compare(results, qkv_inputs(shape, torch.float32), causal=causal)
                 ok = max(diff.values()) < tolerance(torch.float32)
-                print(f"{'OK' if ok else 'FAILED'}: Ulysses over {info.world_size} rank(s), causal={causal}: output "
-                      "and q/k/v gradients equal SDPA on the whole sequence")
-                if not ok:
-                    raise SystemExit(1)
+                verdict(ok, f"Ulysses over {info.world_size} rank(s), causal={causal}: output "
+                            "and q/k/v gradients equal SDPA on the whole sequence")
 
 
 if __name__ == "__main__":

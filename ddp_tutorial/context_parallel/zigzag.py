@@ -34,6 +34,7 @@ from ddp_tutorial.context_parallel.ring_attention import (
     tolerance,
 )
 from ddp_tutorial.env import distributed
+from ddp_tutorial.launch.verdict import verdict
 
 __all__ = ["zigzag_attention", "scores_per_step", "scores_per_rank", "critical_path", "causal_scores", "main"]
 
@@ -93,10 +94,8 @@ def main() -> None:
         ok = max(diff.values()) < tolerance(torch.float32)
         for layout in ("contiguous", "zigzag"):
             print(f"{layout:>10}: scores per rank {scores_per_rank(info.world_size, args.seq, layout=layout)}")
-        print(f"{'OK' if ok else 'FAILED'}: zig-zag ring attention over {info.world_size} rank(s) equals causal SDPA "
-              "on the whole sequence, output and q/k/v gradients")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"zig-zag ring attention over {info.world_size} rank(s) equals causal SDPA "
+                    "on the whole sequence, output and q/k/v gradients")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from ddp_tutorial.expert_parallel.routing import (
     moe_batch,
     top_k_gates,
 )
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import MixtureOfExperts
 
 __all__ = ["TOLERANCE", "AllToAll", "all_to_all", "exchange_counts", "Dispatched", "dispatch", "combine",
@@ -254,10 +255,8 @@ def main() -> None:
         for r in results:
             print(f"rank {r['rank']} sends to experts {r['sent'].tolist()}, drops {r['dropped']}")
         ok = max(diff.values()) < TOLERANCE
-        print(f"{'OK' if ok else 'FAILED'}: {args.experts} experts over {info.world_size} rank(s) ({args.scenario}) "
-              f"equal one process, outputs and gradients to {TOLERANCE:g}")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"{args.experts} experts over {info.world_size} rank(s) ({args.scenario}) "
+                    f"equal one process, outputs and gradients to {TOLERANCE:g}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from torch import nn
 from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.expert_parallel.dispatch import ExpertParallelMoE
 from ddp_tutorial.expert_parallel.routing import DIM
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyMoENet
 
 __all__ = ["TOLERANCE", "LR", "make_net", "net_batch", "groups_of", "ep_dp_worker", "train_one_process", "main"]
@@ -136,10 +137,8 @@ def main() -> None:
         print(f"losses {[round(v, 4) for v in result['losses']]} (one process: "
               f"{[round(v, 4) for v in reference['losses']]})")
         ok = diff < TOLERANCE
-        print(f"{'OK' if ok else 'FAILED'}: {args.steps} steps with experts over {min(args.ep, info.world_size)} of "
-              f"{info.world_size} rank(s) equal one process on the global batch, weights to {TOLERANCE:g}")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"{args.steps} steps with experts over {min(args.ep, info.world_size)} of "
+                    f"{info.world_size} rank(s) equal one process on the global batch, weights to {TOLERANCE:g}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.memory import held
 from ddp_tutorial.sharding.zero3 import Zero3
@@ -245,9 +246,7 @@ def main() -> None:
             print(f"FSDP2 bf16 vs Zero3 bf16: {versus['FSDP2 vs Zero3']:.1e}; accumulation: "
                   f"{accumulated['accumulated']:.1e}; reshard_after_forward: "
                   + ", ".join(f"{k}: {v:.1e}" for k, v in reshard.items()))
-            print("OK" if ok else "FAILED", f"(FSDP2 in practice equals Zero3 and one process, {n} rank(s))")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"FSDP2 in practice equals Zero3 and one process, {n} rank(s)", show=info.is_main)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.sharded_resume import digest
 from ddp_tutorial.sharding.zero3_train import mixed_precision_step
@@ -142,10 +143,7 @@ def main() -> None:
                 print(f"{name:<30} all-gathers per step: forward {r['forward gathers']}, backward "
                       f"{r['backward gathers']} over {r['backward group sizes']} ranks; weights {r['digest']}")
         same = len({r["digest"] for r in report.values()}) == 1
-        if info.is_main:
-            print("OK" if same else "FAILED", "(every setting trains to the same bits)")
-        if not same:
-            raise SystemExit(1)
+        verdict(same, "every setting trains to the same bits", show=info.is_main)
 
 
 if __name__ == "__main__":

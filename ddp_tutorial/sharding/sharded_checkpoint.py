@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.fsdp import shard_model
 
@@ -139,9 +140,7 @@ def main() -> None:
         if info.is_main:
             print(f"DCP save and load on {info.world_size} rank(s): {len(saved)} tensors, largest difference "
                   f"{result['difference']:.1e}")
-            print("OK" if ok else "FAILED", f"(a sharded checkpoint loads back exactly, {info.world_size} rank(s))")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"a sharded checkpoint loads back exactly, {info.world_size} rank(s)", show=info.is_main)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.env import distributed
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyLlama, tp_heads
 from ddp_tutorial.tensor_parallel.device_mesh import mesh_device_type
 
@@ -136,11 +137,9 @@ def main() -> None:
     if info.is_main:
         diff = compare_llama(results, llama_one_process())
         ok = diff < 1e-5
-        print(f"{'OK' if ok else 'FAILED'}: TinyLlama through the TP + SP plan over {info.world_size} rank(s), loss by "
-              f"loss_parallel, equals one process (largest difference {diff:.1e}); logits per rank "
-              f"{result['local_logits']}, the loss's collectives {result['loss_collectives']}")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"TinyLlama through the TP + SP plan over {info.world_size} rank(s), loss by "
+                    f"loss_parallel, equals one process (largest difference {diff:.1e}); logits per rank "
+                    f"{result['local_logits']}, the loss's collectives {result['loss_collectives']}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import LlamaBlock, tp_heads
 from ddp_tutorial.tensor_parallel.split_mlp import f, g, shard_range
 
@@ -290,10 +291,8 @@ def main() -> None:
             if info.is_main:
                 diff = compare_block(results, one_process_block(), sequence_parallel=sp)
                 ok = max(diff.values()) < 1e-5
-                print(f"{'OK' if ok else 'FAILED'}: Llama block, tensor parallel{' + sequence parallel' * sp} over "
-                      f"{info.world_size} rank(s) equals one process; collectives {result['collectives']}")
-                if not ok:
-                    raise SystemExit(1)
+                verdict(ok, f"Llama block, tensor parallel{' + sequence parallel' * sp} over "
+                            f"{info.world_size} rank(s) equals one process; collectives {result['collectives']}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.tensor_parallel.split_mlp import g, shard_range
 
 __all__ = ["vocab_parallel_embedding", "VocabParallelCrossEntropy", "vocab_parallel_cross_entropy",
@@ -157,10 +158,8 @@ def main() -> None:
     if info.is_main:
         diff = compare_vocab(results, one_process_vocab(args.vocab))
         ok = diff < 1e-12
-        print(f"{'OK' if ok else 'FAILED'}: vocabulary split over {info.world_size} rank(s): embedding, loss and "
-              f"gradients equal one process (float64); the loss took {result['loss_collectives']} all-reduces")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"vocabulary split over {info.world_size} rank(s): embedding, loss and "
+                    f"gradients equal one process (float64); the loss took {result['loss_collectives']} all-reduces")
 
 
 if __name__ == "__main__":
