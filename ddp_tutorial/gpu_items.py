@@ -72,8 +72,8 @@ ITEMS = [
     Item("4 GPUs: model parallel's tests", 4, tests("tests/pipeline_parallel/test_model_parallel.py")),
     Item("4 GPUs: tensor parallel on nccl", 4, torchrun(4, "ddp_tutorial.tensor_parallel.split_mlp"), ("OK: ",)),
     Item("4 GPUs: device mesh on nccl", 4, torchrun(4, "ddp_tutorial.tensor_parallel.device_mesh"), ("OK: ",)),
-    Item("4 GPUs: ZeRO on nccl", 4, torchrun(4, "ddp_tutorial.sharding.zero"), ("OK (",)),
-    Item("4 GPUs: FSDP2 on nccl", 4, torchrun(4, "ddp_tutorial.sharding.fsdp"), ("OK (",)),
+    Item("4 GPUs: ZeRO on nccl", 4, torchrun(4, "ddp_tutorial.sharding.zero"), ("OK: ",)),
+    Item("4 GPUs: FSDP2 on nccl", 4, torchrun(4, "ddp_tutorial.sharding.fsdp"), ("OK: ",)),
     # lesson 20: the ring's batch_isend_irecv, Ulysses' all_to_all_single, SP's reduce-scatter, on nccl
     Item("2 GPUs: ring attention on nccl", 2,
          torchrun(2, "ddp_tutorial.context_parallel.ring_attention"), ("OK: ring attention over 2",)),
@@ -90,15 +90,15 @@ ITEMS = [
     # lessons 18, 19, 21, 22: each module's own check against one process, on nccl; a world of
     # one first, since a lent machine often has a single GPU
     Item("1 GPU: ZeRO-3 from scratch, a world of one on nccl", 1, ("{python}", "-m", "ddp_tutorial.sharding.zero3_train"),
-         ("OK (ZeRO-3 from scratch equals one process, 1 rank(s))",)),
+         ("OK: ZeRO-3 from scratch equals one process, 1 rank(s)",)),
     Item("1 GPU: expert dispatch, a world of one on nccl", 1, (
         "{python}", "-m", "ddp_tutorial.expert_parallel.dispatch", "--capacity-factor", "1.0"), ("OK: 4 experts over 1",)),
     Item("2 GPUs: ZeRO-3 from scratch on nccl", 2, torchrun(2, "ddp_tutorial.sharding.zero3_train"),
-         ("OK (ZeRO-3 from scratch equals one process, 2 rank(s))",)),
+         ("OK: ZeRO-3 from scratch equals one process, 2 rank(s)",)),
     Item("2 GPUs: FSDP2 in practice on nccl", 2, torchrun(2, "ddp_tutorial.sharding.fsdp_practice"),
-         ("OK (FSDP2 in practice equals Zero3 and one process, 2 rank(s))",)),
+         ("OK: FSDP2 in practice equals Zero3 and one process, 2 rank(s)",)),
     Item("4 GPUs: a sharded checkpoint saved and loaded on nccl", 4, torchrun(4, "ddp_tutorial.sharding.sharded_checkpoint"),
-         ("OK (a sharded checkpoint loads back exactly, 4 rank(s))",)),
+         ("OK: a sharded checkpoint loads back exactly, 4 rank(s)",)),
     Item("2 GPUs: 1F1B by hand on nccl", 2, torchrun(2, "ddp_tutorial.pipeline_parallel.one_f_one_b"),
          ("equals one process (loss and gradients within 1e-12): True",)),
     Item("2 GPUs: torch's pipeline schedules on nccl", 2, torchrun(2, "ddp_tutorial.pipeline_parallel.torch_schedules"),

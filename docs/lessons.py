@@ -97,11 +97,13 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                            comment="choosing a layout: what fits Llama 3 8B on 8 nodes of 8 GPUs")),
     "18_zero3_and_checkpoints": (Command("sharding.zero3_train", comment="ZeRO-3 from scratch against one process"),
                                  Command("sharding.fsdp_practice", comment="meta init, bf16 policy, accumulation"),
+                                 Command("sharding.fsdp_prefetch", nproc=4,
+                                         comment="prefetch and reshard settings, all-gathers counted"),
                                  Command("sharding.sharded_checkpoint", nproc=4, comment="DCP save and load"),
                                  Command("sharding.sharded_resume", "--checkpoint-dir ckpt17 --steps 6 --async-save",
                                          comment="a DCP checkpoint each step; add --fail-at-step 3 and --max-restarts=1")),
     "19_pipeline_schedules": (Command("pipeline_parallel.one_f_one_b", nproc=4, comment="1F1B from scratch, 4 stages"),
-                              Command("pipeline_parallel.torch_schedules", comment="torch's five schedules, each vs one process"),
+                              Command("pipeline_parallel.torch_schedules", comment="torch's seven schedules, each vs one process"),
                               python("bench", "pipeline --schedules", comment="bubble and peak of each schedule, p 2 and 4")),
 }
 

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from ddp_tutorial.bench.common import Result, timed
+from ddp_tutorial.context_parallel.online_softmax import attend_block
 from ddp_tutorial.context_parallel.ring_attention import (
     RingAttention,
-    attend_block,
     block_pairs,
     chunk_ids,
     qkv_inputs,

@@ -41,7 +41,7 @@ __all__ = ["PLAN_MODELS", "RECOMPUTE", "GIB", "PlannedLayout", "candidates", "la
            "plan_report"]
 
 PLAN_MODELS = {"llama3-8b": PRESETS["llama-8b"], "llama3-70b": PRESETS["llama-70b"]}
-RECOMPUTE = ("none", "selective", "full")  # in order of the compute they spend again
+RECOMPUTE = ("none", "keep-matmuls", "full")  # in order of the compute they spend again
 GIB = 2**30
 
 

@@ -7,9 +7,12 @@ ring: at step ``s`` rank ``r`` holds the block of rank ``r - s`` and sends it on
 steps every query has met every key, and no rank ever held more than two K/V blocks.
 
 The blocks' results are merged with the log-sum-exp rule (the online softmax of
-FlashAttention): a block gives its softmax-weighted values ``o_b`` and ``lse_b =
-log sum_j exp(s_j)`` of its scores; two blocks merge to ``lse = logaddexp(lse_a, lse_b)``
-and ``o = o_a exp(lse_a - lse) + o_b exp(lse_b - lse)``: exactly the softmax over both.
+FlashAttention, ``online_softmax``): a block gives its softmax-weighted values ``o_b`` and
+``lse_b = log sum_j exp(s_j)`` of its scores; two blocks merge to ``lse = logaddexp(lse_a,
+lse_b)`` and ``o = o_a exp(lse_a - lse) + o_b exp(lse_b - lse)``: exactly the softmax over both.
+The running output, the lse and the gradients are kept in ``float32`` when the inputs are
+bf16 or fp16. K and V may have fewer heads than q (grouped-query attention): the ring then
+carries only the ``kv_heads``.
 
 The backward is written too (an ``autograd.Function``): from the final ``lse`` each block's
 probabilities are recomputed, the query gradient stays home, and the key/value gradients
@@ -30,9 +33,18 @@ import math
 import torch
 import torch.distributed as dist
 
+from ddp_tutorial.context_parallel.online_softmax import (
+    ACCUMULATE,
+    attend_block,
+    fold_kv,
+    merge_partials,
+    repeat_kv,
+    scores,
+)
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 
-__all__ = ["LAYOUTS", "chunk_ids", "block_pairs", "attend_block", "merge_partials", "ring_shift",
+__all__ = ["LAYOUTS", "chunk_ids", "block_pairs", "ring_shift",
            "RingAttention", "ring_attention", "shard_sequence", "unshard_sequence", "ring_case", "ring_worker",
            "loss_weight", "qkv_inputs",
            "reference_attention", "compare", "tolerance", "main"]
@@ -69,34 +81,6 @@ def block_pairs(q_chunks: list[int], kv_chunks: list[int], *, causal: bool) -> l
     return pairs
 
 
-def scores(q: torch.Tensor, k: torch.Tensor, diagonal: bool) -> torch.Tensor:
-    """``q k^T / sqrt(d)``, with the diagonal block's future keys at ``-inf``."""
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if diagonal:
-        future = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1)
-        s = s.masked_fill(future, float("-inf"))
-    return s
-
-
-def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                 diagonal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block's attention: its softmax-weighted values and the log-sum-exp of its scores per query."""
-    s = scores(q, k, diagonal)
-    lse = torch.logsumexp(s, dim=-1)
-    return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
-
-
-def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
-                   lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two blocks' attention over disjoint keys merged into attention over both (the online softmax).
-
-    ``lse_a`` may be ``-inf`` (nothing seen yet); ``lse_b`` must be finite.
-    """
-    lse = torch.logaddexp(lse_a, lse_b)
-    out = out_a * torch.exp(lse_a - lse).unsqueeze(-1) + out_b * torch.exp(lse_b - lse).unsqueeze(-1)
-    return out, lse
-
-
 def ring_shift(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, list]:
     """Start sending ``tensor`` to the next rank and receiving the previous rank's: (inbox, works).
 
@@ -125,8 +109,9 @@ class RingAttention(torch.autograd.Function):
         rank, n = dist.get_rank(group), dist.get_world_size(group)
         mine = chunk_ids(rank, n, layout)
         qs = q.chunk(len(mine), dim=2)
-        out = torch.zeros_like(q)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        acc = torch.promote_types(q.dtype, ACCUMULATE)  # bf16 in: the running sums in float32
+        out = torch.zeros(q.shape, dtype=acc, device=q.device)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=acc, device=q.device)
         outs, lses = out.chunk(len(mine), dim=2), lse.chunk(len(mine), dim=2)  # views: merged in place
         kv = torch.stack([k, v]).contiguous()
         for step in range(n):
@@ -145,11 +130,13 @@ class RingAttention(torch.autograd.Function):
                 kv = incoming
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.group, ctx.layout = causal, group, layout
-        return out
+        return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
+        dtype, kv_heads = q.dtype, k.shape[1]
+        q, k, v, grad_out = (t.to(out.dtype) for t in (q, k, v, grad_out))  # gradients summed in float32
         group, causal, layout = ctx.group, ctx.causal, ctx.layout
         rank, n = dist.get_rank(group), dist.get_world_size(group)
         mine = chunk_ids(rank, n, layout)
@@ -168,17 +155,18 @@ class RingAttention(torch.autograd.Function):
             dks, dvs = dkv[0].chunk(len(held), dim=2), dkv[1].chunk(len(held), dim=2)
             for a, b, diagonal in block_pairs(mine, held, causal=causal):
                 p = torch.exp(scores(qs[a], ks[b], diagonal) - lses[a].unsqueeze(-1))  # the final softmax
-                dvs[b].add_(p.transpose(-2, -1) @ dos[a])
-                ds = p * (dos[a] @ vs[b].transpose(-2, -1) - deltas[a].unsqueeze(-1)) / math.sqrt(q.shape[-1])
-                dqs[a].add_(ds @ ks[b])
-                dks[b].add_(ds.transpose(-2, -1) @ qs[a])
+                dvs[b].add_(fold_kv(p.transpose(-2, -1) @ dos[a], kv_heads))
+                vb = repeat_kv(vs[b], q.shape[1])
+                ds = p * (dos[a] @ vb.transpose(-2, -1) - deltas[a].unsqueeze(-1)) / math.sqrt(q.shape[-1])
+                dqs[a].add_(ds @ repeat_kv(ks[b], q.shape[1]))
+                dks[b].add_(fold_kv(ds.transpose(-2, -1) @ qs[a], kv_heads))
             wait(works)
             if step < n - 1:
                 kv = incoming
             if n > 1:  # this block's gradient follows it to the next rank (after the last step: home)
                 dkv, works = ring_shift(dkv, group)
                 wait(works)
-        return dq, dkv[0], dkv[1], None, None, None
+        return dq.to(dtype), dkv[0].to(dtype), dkv[1].to(dtype), None, None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -222,30 +210,41 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ca
     """torch's ``scaled_dot_product_attention`` on the whole sequence in one process: the output, and
     the gradients of ``(out * loss_weight).sum()``, the loss every rank's shard uses too."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    heads = q.shape[1]  # grouped-query attention: each K/V head repeated for its query heads
+    out = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, heads), repeat_kv(v, heads), is_causal=causal)
     (out * loss_weight(out.shape, out.dtype)).sum().backward()
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-def qkv_inputs(shape: tuple[int, int, int, int], dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
-    """The whole sequence's q, k, v ``(batch, heads, seq, head_dim)`` from ``seed``: every rank draws the same."""
+def qkv_inputs(shape: tuple[int, int, int, int], dtype: torch.dtype, seed: int = 0, *,
+               kv_heads: int | None = None) -> list[torch.Tensor]:
+    """The whole sequence's q, k, v ``(batch, heads, seq, head_dim)`` from ``seed``: every rank draws the same.
+
+    ``kv_heads``: k and v get that many heads (grouped-query attention); q keeps ``heads``.
+    """
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(shape, generator=gen, dtype=dtype) for _ in range(3)]
+    b, h, s, d = shape
+    kv_shape = (b, kv_heads or h, s, d)
+    return [torch.randn(size, generator=gen, dtype=dtype) for size in (shape, kv_shape, kv_shape)]
 
 
 def tolerance(dtype: torch.dtype) -> float:
-    """How far a sum taken in other blocks may land from SDPA's: 10 ulps of values of order 1."""
+    """How far a sum taken in other blocks may land from SDPA's, for values of order 1.
+
+    float32: 1e-5, about 84 ulps at 1 (an ulp there is 1.19e-7); float64: 1e-12, about 4,500 ulps
+    (2.2e-16). Sums over 24 keys in another order land well inside (seen about 1e-6 and 1e-15).
+    """
     return {torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
 
 
 def ring_case(rank: int, world_size: int, shape: tuple[int, int, int, int], *, causal: bool = False,
-              dtype: torch.dtype = torch.float32, layout: str = "contiguous") -> dict:
+              dtype: torch.dtype = torch.float32, layout: str = "contiguous", kv_heads: int | None = None) -> dict:
     """Ring attention of this rank's shard, forward and backward of the loss ``reference_attention`` uses.
 
     Returns this rank's output and q/k/v gradients (on the CPU) for the parent to stitch and compare.
     """
     device = rank_device()
-    full = qkv_inputs(shape, dtype)
+    full = qkv_inputs(shape, dtype, kv_heads=kv_heads)
     q, k, v = (shard_sequence(t, rank, world_size, layout).to(device).requires_grad_() for t in full)
     out = RingAttention.apply(q, k, v, causal, None, layout)
     w = loss_weight(shape, dtype)  # the same loss as the one process's: (out * w).sum()
@@ -255,7 +254,7 @@ def ring_case(rank: int, world_size: int, shape: tuple[int, int, int, int], *, c
 
 def ring_worker(rank: int, world_size: int, cases: list[dict]) -> list[dict]:
     """``ring_case`` for each of ``cases`` (its keyword arguments: ``shape``, ``causal``, ``dtype``,
-    ``layout``), in one launch."""
+    ``layout``, ``kv_heads``), in one launch."""
     return [ring_case(rank, world_size, **case) for case in cases]
 
 
@@ -281,11 +280,9 @@ def main() -> None:
             if info.is_main:
                 diff = compare(results, qkv_inputs(shape, dtype), causal=causal)
                 ok = max(diff.values()) < tolerance(dtype)
-                print(f"{'OK' if ok else 'FAILED'}: ring attention over {info.world_size} rank(s), causal={causal}, "
-                      f"{args.dtype}: output and q/k/v gradients equal SDPA on the whole sequence "
-                      f"(largest difference {max(diff.values()):.1e})")
-                if not ok:
-                    raise SystemExit(1)
+                verdict(ok, f"ring attention over {info.world_size} rank(s), causal={causal}, "
+                            f"{args.dtype}: output and q/k/v gradients equal SDPA on the whole sequence "
+                            f"(largest difference {max(diff.values()):.1e})")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,13 @@ heads/N, seq, d)``, all of the sequence for ``1/N`` of the heads, so each rank r
 attention (here ``scaled_dot_product_attention``) on whole sequences; a second ``all_to_all``
 brings the output back to the sequence shard. Heads are independent, so nothing is merged.
 
-The cost: four all-to-alls per attention (q, k, v and the output) of ``1/N`` of the
-activations each, whatever ``N`` is, against ring attention's ``N - 1`` K/V shifts; and ``N``
-may not exceed the number of heads (nor, with grouped K/V, of K/V heads). The all-to-all is
-its own inverse, so its backward is the other all-to-all.
+The cost: four all-to-alls per attention forward (q, k, v and the output), each sending
+``(N - 1)/N`` of one activation tensor ``A`` away: ``4 (N - 1)/N A`` per rank, against the ring's
+``2 (N - 1) A`` (``comm_volume``). Fewer bytes, but the all-to-alls block the attention and reach
+every rank of the group, so they stay inside a node in practice; and ``N`` may not exceed the
+number of heads (here it must divide them; DeepSpeed allows uneven heads since PR #6392; with
+grouped K/V and ``N > kv_heads`` the K/V heads are replicated). The all-to-all is its own
+inverse, so its backward is the other all-to-all.
 
     torchrun --nproc-per-node=2 -m ddp_tutorial.context_parallel.ulysses   # equal to SDPA, causal and not
 """
@@ -30,6 +33,7 @@ from ddp_tutorial.context_parallel.ring_attention import (
     tolerance,
 )
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 
 __all__ = ["seq_to_heads", "heads_to_seq", "SeqToHeads", "HeadsToSeq", "ulysses_attention", "ulysses_case",
            "ulysses_worker", "main"]
@@ -122,10 +126,8 @@ def main() -> None:
             if info.is_main:
                 diff = compare(results, qkv_inputs(shape, torch.float32), causal=causal)
                 ok = max(diff.values()) < tolerance(torch.float32)
-                print(f"{'OK' if ok else 'FAILED'}: Ulysses over {info.world_size} rank(s), causal={causal}: output "
-                      "and q/k/v gradients equal SDPA on the whole sequence")
-                if not ok:
-                    raise SystemExit(1)
+                verdict(ok, f"Ulysses over {info.world_size} rank(s), causal={causal}: output "
+                            "and q/k/v gradients equal SDPA on the whole sequence")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from ddp_tutorial.expert_parallel.routing import (
     moe_batch,
     top_k_gates,
 )
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import MixtureOfExperts
 
 __all__ = ["TOLERANCE", "AllToAll", "all_to_all", "exchange_counts", "Dispatched", "dispatch", "combine",
@@ -129,7 +130,8 @@ class ExpertParallelMoE(nn.Module):
     def __init__(self, full: MixtureOfExperts, group: dist.ProcessGroup | None = None):
         super().__init__()
         self.group, self.top_k, self.num_experts = group, full.top_k, full.num_experts
-        self.capacity_factor = full.capacity_factor
+        self.capacity_factor, self.normalize_topk = full.capacity_factor, full.normalize_topk
+        self.first_choices_first, self.selection_bias = full.first_choices_first, full.selection_bias
         n, rank = dist.get_world_size(group), dist.get_rank(group)
         if self.num_experts % n:
             raise ValueError(f"{self.num_experts} experts do not split evenly over {n} ranks")
@@ -142,9 +144,10 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x: torch.Tensor, groups: int | None = None) -> torch.Tensor:
         """``x``: this rank's tokens (tokens, dim). ``groups`` is ignored: each rank is its own capacity
         group; it is there so that the layer can stand in for ``MixtureOfExperts``."""
-        _, chosen, gates = top_k_gates(self.router(x), self.top_k)
-        keep = keep_mask(chosen, self.num_experts, capacity(len(x), self.top_k, self.num_experts,
-                                                            self.capacity_factor))
+        _, chosen, gates = top_k_gates(self.router(x), self.top_k, self.normalize_topk,
+                                       selection_bias=self.selection_bias)
+        limit = capacity(len(x), self.top_k, self.num_experts, self.capacity_factor)
+        keep = keep_mask(chosen, self.num_experts, limit, first_choices_first=self.first_choices_first)
         rows, plan = dispatch(x, chosen, gates, keep, self.num_experts, self.group)
         done = self.local_experts(rows, plan.received_counts)
         self.last = {"sent": expert_counts(chosen, keep, self.num_experts).cpu(),
@@ -252,10 +255,8 @@ def main() -> None:
         for r in results:
             print(f"rank {r['rank']} sends to experts {r['sent'].tolist()}, drops {r['dropped']}")
         ok = max(diff.values()) < TOLERANCE
-        print(f"{'OK' if ok else 'FAILED'}: {args.experts} experts over {info.world_size} rank(s) ({args.scenario}) "
-              f"equal one process, outputs and gradients to {TOLERANCE:g}")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"{args.experts} experts over {info.world_size} rank(s) ({args.scenario}) "
+                    f"equal one process, outputs and gradients to {TOLERANCE:g}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ router are copied on every rank. After backward:
 
 Then each step equals one process training on the global batch (``train_one_process``).
 The ranks ``r`` with the same ``r // ep`` form an expert-parallel group; the ranks with the
-same ``r % ep`` hold the same experts (a 2-D mesh, ``(n/ep) x ep``, as in lesson 15).
+same ``r % ep`` hold the same experts: a 2-D ``DeviceMesh`` ``("dp", "ep")`` of shape
+``(n/ep, ep)`` (lessons 15 and 22), whose ``"ep"`` group exchanges tokens and whose ``"dp"``
+group all-reduces the experts' gradients.
 
     torchrun --nproc-per-node=4 -m ddp_tutorial.expert_parallel.ep_dp             # 2 x 2: ep 2, 2 copies
     torchrun --nproc-per-node=4 -m ddp_tutorial.expert_parallel.ep_dp --ep 4      # every expert once
@@ -30,6 +32,7 @@ from torch import nn
 from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.expert_parallel.dispatch import ExpertParallelMoE
 from ddp_tutorial.expert_parallel.routing import DIM
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyMoENet
 
 __all__ = ["TOLERANCE", "LR", "make_net", "net_batch", "groups_of", "ep_dp_worker", "train_one_process", "main"]
@@ -66,11 +69,12 @@ def ep_dp_worker(rank: int, world_size: int, ep: int = 2, steps: int = 3) -> dic
     Returns the losses (mean over the global batch), the final weights by name, experts by
     global index, and this rank's groups.
     """
-    mine_ep, mine_replicas = groups_of(rank, world_size, ep)
-    ep_groups = [dist.new_group(list(range(g, g + ep))) for g in range(0, world_size, ep)]  # every rank makes
-    replica_groups = [dist.new_group(list(range(j, world_size, ep))) for j in range(ep)]  # every group
-    ep_group, replica_group = ep_groups[rank // ep], replica_groups[rank % ep]
+    from torch.distributed.device_mesh import init_device_mesh
+
+    groups_of(rank, world_size, ep)  # refuses a layout that does not fit, before any collective
     device = rank_device()
+    mesh = init_device_mesh(device.type, (world_size // ep, ep), mesh_dim_names=("dp", "ep"))
+    ep_group, replica_group = mesh.get_group("ep"), mesh.get_group("dp")
     net = copy.deepcopy(make_net()).to(device)
     net.moe = ExpertParallelMoE(net.moe, ep_group)
     experts = set(net.moe.experts.parameters())
@@ -95,7 +99,8 @@ def ep_dp_worker(rank: int, world_size: int, ep: int = 2, steps: int = 3) -> dic
     state = {n: p.detach().cpu() for n, p in net.named_parameters() if not n.startswith("moe.experts.")}
     for j, expert in enumerate(net.moe.experts):
         state.update({f"moe.experts.{net.moe.first + j}.{n}": p.detach().cpu() for n, p in expert.named_parameters()})
-    return {"rank": rank, "losses": losses, "state": state, "ep_group": mine_ep, "replicas": mine_replicas}
+    return {"rank": rank, "losses": losses, "state": state, "ep_group": dist.get_process_group_ranks(ep_group),
+            "replicas": dist.get_process_group_ranks(replica_group)}
 
 
 def train_one_process(world_size: int, steps: int = 3) -> dict:
@@ -132,10 +137,8 @@ def main() -> None:
         print(f"losses {[round(v, 4) for v in result['losses']]} (one process: "
               f"{[round(v, 4) for v in reference['losses']]})")
         ok = diff < TOLERANCE
-        print(f"{'OK' if ok else 'FAILED'}: {args.steps} steps with experts over {min(args.ep, info.world_size)} of "
-              f"{info.world_size} rank(s) equal one process on the global batch, weights to {TOLERANCE:g}")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"{args.steps} steps with experts over {min(args.ep, info.world_size)} of "
+                    f"{info.world_size} rank(s) equal one process on the global batch, weights to {TOLERANCE:g}")
 
 
 if __name__ == "__main__":

@@ -8,14 +8,14 @@ One module per model family; every name is importable from ``ddp_tutorial.models
   ``python -m ddp_tutorial.training.train`` (``11_train_end_to_end``);
 - ``transformer``: ``Block``, ``TinyTransformer``, ``TinyGPT``, ``token_batch`` and the hand-written
   layers of ZeRO-3 from scratch (``14_sharding``, ``17_memory``, ``18_zero3_and_checkpoints``);
-- ``llama``: ``TinyLlama`` and its parts (``20_long_sequences``);
+- ``llama``: ``TinyLlama`` and its parts, ``tp_heads`` (``20_long_sequences``);
 - ``moe``: ``MixtureOfExperts``, ``TinyMoENet`` (``21_expert_parallel``);
 - ``gpt``: ``CharGPT``, ``rotary`` (``22_capstone``).
 """
 
 from ddp_tutorial.models.gpt import CharGPT, GPTAttention, GPTBlock, GPTFeedForward, rotary
-from ddp_tutorial.models.llama import LlamaAttention, LlamaBlock, SwiGLU, TinyLlama
-from ddp_tutorial.models.moe import ExpertMLP, MixtureOfExperts, TinyMoENet
+from ddp_tutorial.models.llama import LlamaAttention, LlamaBlock, SwiGLU, TinyLlama, tp_heads
+from ddp_tutorial.models.moe import ExpertMLP, MixtureOfExperts, TinyMoENet, top_k_gates
 from ddp_tutorial.models.small import DeepMLP, SharedLayerNet, ToyModel, make_model
 from ddp_tutorial.models.transformer import Block, EinsumLinear, LookupMLP, TinyGPT, TinyTransformer, token_batch
 from ddp_tutorial.models.vision import TRAIN_MODELS, SmallCNN, build_model, resnet18_small
@@ -24,5 +24,5 @@ __all__ = [
     "TRAIN_MODELS", "Block", "CharGPT", "DeepMLP", "EinsumLinear", "ExpertMLP", "GPTAttention", "GPTBlock",
     "GPTFeedForward", "LlamaAttention", "LlamaBlock", "LookupMLP", "MixtureOfExperts", "SharedLayerNet",
     "SmallCNN", "SwiGLU", "TinyGPT", "TinyLlama", "TinyTransformer", "TinyMoENet", "ToyModel", "build_model", "make_model",
-    "resnet18_small", "rotary", "token_batch",
+    "resnet18_small", "rotary", "token_batch", "top_k_gates", "tp_heads",
 ]

@@ -5,11 +5,13 @@ the forward of micro-batch 3) and backwards (``"B3"``). Everything here is pure 
 so it is tested for any number of stages ``p`` and micro-batches ``m``:
 
 - ``gpipe_order`` and ``one_f_one_b_order``: the two classic orders of one stage;
-- ``simulate``: run every stage's order on an ideal clock (F takes 1, B takes 2) and return
-  the timeline, or raise ``Deadlock`` naming the first step no stage can take;
+- ``simulate``: run every rank's order on an ideal clock (F takes 1, B takes 2, or any
+  durations; a rank may hold several stages) and return the timeline, or raise ``Deadlock``
+  naming the first step no rank can take;
 - ``idle_fraction``, ``peak_in_flight``: the bubble and the activations held, measured on any
   timeline, simulated or recorded from a real run;
-- ``bubble_fraction``: the formula ``(p - 1) / (v m + p - 1)``.
+- ``bubble_fraction``: the formula ``(p - 1) / (v m + p - 1)``; ``interleaved_peak``: Korthikanti's
+  ``p (1 + (p - 1) / (p v))`` micro-batches held on the first rank.
 
 An event is ``(rank, stage, kind, micro, start, end)``: ``kind`` is ``"F"``, ``"B"``
 (the backward, or its input-gradient half when the schedule splits it) or ``"W"``
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["Event", "Deadlock", "gpipe_order", "one_f_one_b_order", "parse_action", "simulate",
-           "idle_fraction", "bubble_fraction", "peak_in_flight"]
+__all__ = ["Event", "Step", "Deadlock", "gpipe_order", "one_f_one_b_order", "parse_action", "as_step", "simulate",
+           "idle_fraction", "bubble_fraction", "interleaved_peak", "peak_in_flight"]
 
 Event = tuple[int, int, str, int, float, float]
 
@@ -54,53 +56,77 @@ def parse_action(action: str) -> tuple[str, int]:
     return kind, int(number)
 
 
-def _waits_for(kind: str, micro: int, stage: int, last: int) -> tuple[int, str] | None:
-    """The (stage, action) that must be done first: the forward before, the backward after."""
+Step = tuple[int, str, int]  # (stage, kind, micro): one action of a rank that holds several stages
+
+
+def as_step(action: str | Step, rank: int) -> Step:
+    """``"F3"`` on rank ``r`` is stage ``r``'s forward of micro-batch 3; a ``(stage, kind, micro)`` stays."""
+    if isinstance(action, str):
+        return (rank, *parse_action(action))
+    return action
+
+
+def _waits_for(step: Step, last: int) -> Step | None:
+    """The step that must be done first: the forward before, the backward after, W after its own B."""
+    stage, kind, micro = step
+    kind = "B" if kind == "I" else kind
     if kind == "F":
-        return (stage - 1, f"F{micro}") if stage > 0 else None
-    return (stage + 1, f"B{micro}") if stage < last else (stage, f"F{micro}")
+        return (stage - 1, "F", micro) if stage > 0 else None
+    if kind == "W":
+        return (stage, "B", micro)
+    return (stage + 1, "B", micro) if stage < last else (stage, "F", micro)
 
 
-def _stuck(orders: Sequence[Sequence[str]], position: list[int], last: int) -> list[str]:
-    lines = []
-    for s, order in enumerate(orders):
-        if position[s] < len(order):
-            kind, micro = parse_action(order[position[s]])
-            peer, action = _waits_for(kind, micro, s, last)
-            lines.append(f"stage {s} at step {position[s]} ({order[position[s]]}) waits for "
-                         + (f"its own {action}, which comes later in its order" if peer == s
-                            else f"stage {peer}'s {action}"))
+def _name(step: Step, one_stage: bool) -> str:
+    return f"{step[1]}{step[2]}" if one_stage else f"stage {step[0]}'s {step[1]}{step[2]}"
+
+
+def _stuck(steps: list[list[Step]], position: list[int], last: int, one_stage: bool) -> list[str]:
+    lines, who = [], "stage" if one_stage else "rank"
+    for r, order in enumerate(steps):
+        if position[r] < len(order):
+            need = _waits_for(order[position[r]], last)
+            mine = need[0] == r if one_stage else any(st == need for st in order)
+            lines.append(f"{who} {r} at step {position[r]} ({_name(order[position[r]], one_stage)}) waits for "
+                         + (f"its own {_name(need, True)}, which comes later in its order" if mine
+                            else f"stage {need[0]}'s {need[1]}{need[2]}"))
     return lines
 
 
-def simulate(orders: Sequence[Sequence[str]], durations: dict[str, float] | None = None) -> list[Event]:
-    """Run ``orders[s]`` on stage ``s`` (one rank each) with blocking receives, on an ideal clock.
+def simulate(orders: Sequence[Sequence[str | Step]], durations: dict[str, float] | None = None) -> list[Event]:
+    """Run ``orders[r]`` on rank ``r`` with blocking receives, on an ideal clock.
 
-    An action starts when its stage is free and its input has arrived: a forward needs the
-    previous stage's forward of the same micro-batch, a backward the next stage's backward
-    (the last stage: its own forward). Raises ``Deadlock`` when no stage can move on.
+    An action is ``"F3"`` (rank ``r`` is stage ``r``) or ``(stage, kind, micro)`` for a rank that
+    holds several stages; kind ``"I"`` is a backward's input half, timed as ``durations["I"]`` and
+    recorded as ``"B"``. It starts when its rank is free and its input has arrived: a forward
+    needs the previous stage's forward of the same micro-batch, a backward the next stage's
+    backward (the last stage: its own forward), a ``W`` its own ``B``. Messages take no time.
+    Raises ``Deadlock`` when no rank can move on.
     """
     durations = durations or {"F": 1.0, "B": 2.0}
-    last = len(orders) - 1
-    done: dict[tuple[int, str], float] = {}  # (stage, action) -> end time
-    position, free = [0] * len(orders), [0.0] * len(orders)
+    steps = [[as_step(a, r) for a in order] for r, order in enumerate(orders)]
+    one_stage = all(isinstance(a, str) for order in orders for a in order)
+    last = max(st[0] for order in steps for st in order)
+    done: dict[Step, float] = {}  # step -> end time
+    position, free = [0] * len(steps), [0.0] * len(steps)
     events: list[Event] = []
-    while any(position[s] < len(orders[s]) for s in range(len(orders))):
+    while any(position[r] < len(steps[r]) for r in range(len(steps))):
         moved = False
-        for s, order in enumerate(orders):
-            while position[s] < len(order):
-                kind, micro = parse_action(order[position[s]])
-                need = _waits_for(kind, micro, s, last)
+        for r, order in enumerate(steps):
+            while position[r] < len(order):
+                step = order[position[r]]
+                need = _waits_for(step, last)
                 if need is not None and need not in done:
                     break
-                start = max(free[s], done[need] if need else 0.0)
-                free[s] = start + durations[kind]
-                done[(s, order[position[s]])] = free[s]
-                events.append((s, s, kind, micro, start, free[s]))
-                position[s] += 1
+                start = max(free[r], done[need] if need else 0.0)
+                free[r] = start + durations[step[1]]
+                kind = "B" if step[1] == "I" else step[1]
+                done[(step[0], kind, step[2])] = free[r]
+                events.append((r, step[0], kind, step[2], start, free[r]))
+                position[r] += 1
                 moved = True
         if not moved:
-            raise Deadlock("; ".join(_stuck(orders, position, last)))
+            raise Deadlock("; ".join(_stuck(steps, position, last, one_stage)))
     return events
 
 
@@ -119,6 +145,13 @@ def bubble_fraction(num_stages: int, num_micro: int, virtual: int = 1) -> float:
     interleaved 1F1B with ``v`` stages per rank cuts it ``v`` times.
     """
     return (num_stages - 1) / (virtual * num_micro + num_stages - 1)
+
+
+def interleaved_peak(num_ranks: int, virtual: int = 1) -> float:
+    """Micro-batches of a whole rank's activations that interleaved 1F1B keeps on the first rank:
+    ``p (1 + (p - 1) / (p v))`` (Korthikanti et al. 2022, section 4.2.3), for ``v >= 2`` stages per
+    rank; plain 1F1B holds ``p``."""
+    return num_ranks * (1 + (num_ranks - 1) / (num_ranks * virtual))
 
 
 def peak_in_flight(events: Sequence[Event], rank: int | None = None) -> int:

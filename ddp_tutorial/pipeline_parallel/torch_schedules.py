@@ -1,13 +1,15 @@
 """torch's pipeline schedules on ``PipelineStage``s, each run timed per action (``19_pipeline_schedules``).
 
-``torch.distributed.pipelining`` runs the same model with any of its schedules: a rank
+``torch.distributed.pipelining`` runs the same model with any of its seven schedules: a rank
 holds one stage (``ScheduleGPipe``, ``Schedule1F1B``) or several (``ScheduleInterleaved1F1B``,
-``ScheduleInterleavedZeroBubble``: stages ``r, r + p, ...``; ``ScheduleZBVZeroBubble``: stages
-``r`` and ``2p - 1 - r``, a V). The zero-bubble schedules split each backward into ``B``
+``ScheduleInterleavedZeroBubble``, ``ScheduleLoopedBFS``: stages ``r, r + p, ...``;
+``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``: stages ``r`` and ``2p - 1 - r``, a V). The zero-bubble schedules split each backward into ``B``
 (the input gradient, which the previous stage waits for) and ``W`` (the weight gradient,
 which nobody waits for, so it fills the bubbles). The stages' ``forward_one_chunk``,
 ``backward_one_chunk`` and ``backward_weight_one_chunk`` are wrapped to record when each
 ran: the timeline is the run's own. Every schedule is checked against one process.
+``torch_orders`` and ``ideal_run`` play torch's own order of a schedule on the ideal clock of
+``orders.simulate``: the schedule's own target.
 
     torchrun --nproc-per-node=2 -m ddp_tutorial.pipeline_parallel.torch_schedules
     torchrun --nproc-per-node=4 -m ddp_tutorial.pipeline_parallel.torch_schedules --num-micro 8
@@ -29,6 +31,7 @@ from ddp_tutorial.doctor import older_than
 from ddp_tutorial.env import distributed, rank_device, rank_info
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
 from ddp_tutorial.pipeline_parallel.one_f_one_b import (
+    ORDERS,
     OUT_FEATURES,
     WIDTH,
     Recorder,
@@ -38,9 +41,10 @@ from ddp_tutorial.pipeline_parallel.one_f_one_b import (
     one_process,
     stage_module,
 )
-from ddp_tutorial.pipeline_parallel.orders import peak_in_flight
+from ddp_tutorial.pipeline_parallel.orders import Event, Step, peak_in_flight, simulate
 
-__all__ = ["SCHEDULES", "ZERO_BUBBLE", "runs_here", "stage_indices", "stage_delays", "record_stage", "same_dtype_handshake", "schedule_worker"]
+__all__ = ["SCHEDULES", "ZERO_BUBBLE", "V_SHAPED", "IDEAL", "runs_here", "stage_indices", "stage_delays", "torch_orders",
+           "ideal_run", "record_stage", "same_dtype_handshake", "schedule_worker"]
 
 # name -> (torch's class, stages per rank, placement): the whole model has 2 layers per rank,
 # one stage of 2 layers per rank, or 2 stages of one layer each.
@@ -50,20 +54,25 @@ SCHEDULES = {
     "Interleaved1F1B": ("ScheduleInterleaved1F1B", 2, "loop"),
     "InterleavedZeroBubble": ("ScheduleInterleavedZeroBubble", 2, "loop"),
     "ZBVZeroBubble": ("ScheduleZBVZeroBubble", 2, "v"),
+    "LoopedBFS": ("ScheduleLoopedBFS", 2, "loop"),
+    "DualPipeV": ("ScheduleDualPipeV", 2, "v"),
 }
 
-ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")  # backward split into B (input) and W (weights)
+ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")  # backward split into B (input) and W (weights)
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 
 
 def runs_here(schedule: str, backend: str, version: str = torch.__version__) -> bool:
-    """False where ``schedule`` is known to fail: ``ScheduleZBVZeroBubble`` on gloo before torch 2.14.
+    """False where ``schedule`` is known to fail: the V schedules on gloo before torch 2.14.
 
-    2.9 and 2.10 run the V through their older multi-stage loop, which sends a stage's output
-    to the next stage even when both sit on one rank; gloo cannot send to itself ("Pair is not
-    connected"). 2.14 and 2.15 run it through the action runtime, which hands the tensor over in
-    memory. 2.9, 2.10, 2.14 and 2.15 were tried; 2.11-2.13 are treated as failing until tried.
+    ``ScheduleZBVZeroBubble``: 2.9 and 2.10 run the V through their older multi-stage loop, which
+    sends a stage's output to the next stage even when both sit on one rank; gloo cannot send to
+    itself ("Pair is not connected"). ``ScheduleDualPipeV`` on 2.9.1 with gloo runs to the end
+    with gradients 0.1 away from one process's. 2.14 and 2.15 run both through the action
+    runtime, which hands the tensor over in memory. 2.9, 2.10, 2.14 and 2.15 were tried;
+    2.11-2.13 are treated as failing until tried.
     """
-    return not (schedule == "ZBVZeroBubble" and backend == "gloo" and older_than(version, "2.14"))
+    return not (schedule in V_SHAPED and backend == "gloo" and older_than(version, "2.14"))
 
 
 def stage_delays(schedule: str, delays: dict[str, float] | None) -> dict[str, float] | None:
@@ -74,6 +83,41 @@ def stage_delays(schedule: str, delays: dict[str, float] | None) -> dict[str, fl
     per_rank = SCHEDULES[schedule][1]
     f, b = delays["F"] / per_rank, delays["B"] / per_rank
     return {"F": f, "B": b / 2, "W": b / 2} if schedule in ZERO_BUBBLE else {"F": f, "B": b}
+
+
+# the ideal clock of one stage (half a rank's layers): F = 1, a full backward 2, its halves 1 each
+IDEAL = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+KINDS = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
+
+
+def torch_orders(schedule: str, num_ranks: int, num_micro: int) -> list[list[Step]] | None:
+    """torch's own action list for ``schedule``, per rank, as ``(stage, kind, micro)`` steps.
+
+    Read with ``torch.distributed.pipelining._schedule_visualizer.get_schedule_ops``, a private
+    helper (there in torch 2.9 to 2.15): None on a release without it. DualPipeV's overlapped
+    ``(F; B)`` pairs count as their F and then their B; communication and gradient-reduction
+    actions are left out (messages take no time on the ideal clock).
+    """
+    try:
+        from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+    except ImportError:
+        return None
+    cls_name, per_rank, _ = SCHEDULES[schedule]
+    ops = get_schedule_ops(getattr(pipelining, cls_name), num_ranks, num_micro, per_rank)
+    return [[(a.stage_index, KINDS[a.computation_type.name], a.microbatch_index)
+             for action in rank_ops if action is not None
+             for a in (getattr(action, "sub_actions", None) or (action,))
+             if a.computation_type.name in KINDS] for rank_ops in ops]  # compute only: no REDUCE_GRAD, SEND, ...
+
+
+def ideal_run(schedule: str, num_ranks: int, num_micro: int) -> list[Event] | None:
+    """``schedule``'s order on the lesson's ideal clock (``orders.simulate`` with ``IDEAL``): the
+    timeline it is built for, its idle share its own target. GPipe and 1F1B run the lesson's
+    orders (section 1), the others torch's (``torch_orders``; None where this torch cannot say)."""
+    if SCHEDULES[schedule][1] == 1:
+        return simulate([ORDERS[schedule.lower()](r, num_ranks, num_micro) for r in range(num_ranks)], IDEAL)
+    steps = torch_orders(schedule, num_ranks, num_micro)
+    return None if steps is None else simulate(steps, IDEAL)
 
 
 def stage_indices(rank: int, num_ranks: int, per_rank: int, placement: str = "loop") -> list[int]:
@@ -179,6 +223,10 @@ def main() -> None:
             if not runs_here(name, dist.get_backend()):
                 if info.is_main:
                     print(f"{name}: skipped, it fails on torch {torch.__version__} with {dist.get_backend()}")
+                continue
+            if name == "DualPipeV" and args.num_micro < 2 * info.world_size:
+                if info.is_main:
+                    print(f"{name}: skipped, torch needs at least as many micro-batches as stages (2 per rank)")
                 continue
             result = schedule_worker(info.rank, info.world_size, name, args.num_micro)
             gathered = [None] * info.world_size

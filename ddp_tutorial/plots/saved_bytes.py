@@ -30,7 +30,7 @@ def plot_saved_by_op(measured: dict[str, int], formula: dict[str, int], ax: Axes
 
 def plot_recompute_tradeoff(rows: Sequence[dict], ax: Axes, title: str = "") -> Axes:
     """Each checkpointing mode as a point: bytes held after forward vs the step's cost, both as ratios to none."""
-    for row, colour in zip(rows, ("C0", "C1", "C2")):
+    for row, colour in zip(rows, ("C0", "C1", "C2", "C3")):
         ax.scatter(row["held ratio"], row["flops ratio"], color=colour, s=60, label=f"{row['mode']}: FLOPs")
         if "time ratio" in row:
             ax.scatter(row["held ratio"], row["time ratio"], color=colour, marker="x", s=60,

@@ -14,10 +14,13 @@ The modules, in lesson order:
 - ``zero3`` (18): ZeRO-3 from scratch, the parameters sharded and gathered one unit at a time
 - ``zero3_train`` (18): ``zero3`` trained against one process (float32 bitwise, bfloat16 within a tolerance);
   ``torchrun --nproc-per-node=2 -m ddp_tutorial.sharding.zero3_train``
-- ``fsdp_practice`` (18): FSDP2 as used in practice: meta-device init, ``MixedPrecisionPolicy``, accumulation;
-  ``torchrun --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp_practice``
+- ``fsdp_practice`` (18): FSDP2 as used in practice: meta-device init, ``MixedPrecisionPolicy``, accumulation
+  and its gradient bytes; ``torchrun --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp_practice``
+- ``fsdp_prefetch`` (18): FSDP2's prefetch and ``reshard_after_forward`` settings, their all-gathers counted;
+  ``torchrun --nproc-per-node=4 -m ddp_tutorial.sharding.fsdp_prefetch``
 - ``sharded_checkpoint`` (18): DCP checkpoints saved on N ranks, loaded on M;
   ``torchrun --nproc-per-node=4 -m ddp_tutorial.sharding.sharded_checkpoint``
-- ``sharded_resume`` (18): a ``Stateful`` training state, ``dcp.async_save``, crash and resume to identical weights;
+- ``sharded_resume`` (18): a ``Stateful`` training state (per-rank RNG and data position), ``dcp.async_save``,
+  crash and resume to identical weights;
   ``torchrun --nproc-per-node=2 --max-restarts=1 -m ddp_tutorial.sharding.sharded_resume --checkpoint-dir ckpt --fail-at-step 3``
 """

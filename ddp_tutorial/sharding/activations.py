@@ -30,7 +30,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 __all__ = ["Saved", "SavedTensors", "saved_tensors", "WHAT_IS_SAVED", "AUTOCAST_FP32", "block_terms", "block_bytes",
-           "by_op"]
+           "by_op", "megatron_split"]
 
 
 @dataclass
@@ -139,7 +139,9 @@ WHAT_IS_SAVED = {
 }
 # Under torch.autocast(dtype=bfloat16), the terms that stay float32. The residual stream is float32
 # (the embedding is), so the norms' inputs are; CUDA's fp32 op list also has softmax (measured on
-# CPU; CUDA's from its op list: a GPU run of the tests checks it).
+# CPU; CUDA's from its op list: a GPU run of the tests checks it). Not the only CPU/CUDA difference:
+# CUDA's layer_norm keeps its statistics in float32 for bf16 input (CPU's in bf16), its dropout a
+# 1-byte mask, and its fp32 fused attention a log-sum-exp padded to 32 queries (17_memory §5).
 AUTOCAST_FP32 = {"cpu": ("layer_norm",), "cuda": ("layer_norm", "softmax (a·s²)", "dropout (a·s²)")}
 
 
@@ -199,3 +201,27 @@ def by_op(record: SavedTensors, batch: int, seq: int, hidden: int, heads: int) -
             key = f"{s.op} (a·s²)"
         out[key] += s.nbytes
     return dict(out)
+
+
+def megatron_split(record: SavedTensors, batch: int, seq: int, heads: int, *, mask_bytes: int = 1) -> dict[str, int]:
+    """A ``models.Block``'s saved bytes (``record``, attention="math") as Megatron's tensor parallelism holds them.
+
+    ``"whole"``: what every rank keeps whole without sequence parallelism (the norms' inputs, the
+    inputs of qkv and up, the dropout masks after proj and down); ``"split"``: what ``t`` ranks
+    split (q, k, v, the inputs of proj and down, GELU's input); ``"a·s²"``: the attention scores'
+    three tensors, split by heads. Dropout masks counted at ``mask_bytes`` per element (CUDA's
+    and the paper's 1; CPU's ``F.dropout`` keeps the activation's dtype); the norms' statistics,
+    which the paper leaves out, are left out. Korthikanti et al. (2022) §4.2.2 name the same split.
+    """
+    out = {"whole": 0, "split": 0, "a·s²": 0}
+    for item in record.items:
+        if item.op == "layer_norm" and item.shape[-1:] == (1,):
+            continue
+        nbytes = item.numel * mask_bytes if item.op == "dropout" else item.nbytes
+        if item.numel == batch * heads * seq * seq:
+            out["a·s²"] += nbytes
+        elif item.layer in ("norm1", "norm2", "qkv", "up") or item.op == "dropout":
+            out["whole"] += nbytes
+        else:
+            out["split"] += nbytes
+    return out

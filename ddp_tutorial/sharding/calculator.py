@@ -1,25 +1,35 @@
 """The memory calculator: bytes per rank, term by term, for a model shape and a parallel layout.
 
 ``bytes_per_rank(shape, micro_batch=..., dp=..., tp=..., pp=..., cp=..., zero=..., recompute=...)``
-returns the parameters, gradients, optimizer state and activations one rank holds at the peak
-of a step (after forward, before backward frees anything), as ``17_memory`` derives them; later
-lessons (ZeRO-3, tensor/sequence/context parallelism, the capstone) call it for their own layouts.
+returns the parameters, gradients, optimizer state and the activations one rank holds when
+forward has ended (what backward will need), as ``17_memory`` derives them; later lessons
+(ZeRO-3, tensor/sequence/context parallelism, the capstone) call it for their own layouts. It
+is not the peak of a step: that comes early in backward, when the loss's gradients (the size of
+the logits, and of the float32 log-probabilities) and, with recomputation, one rebuilt layer
+exist on top of these; temporary buffers (gathered ZeRO-3 layers, communication buckets, the
+allocator's rounding and fragmentation) are not counted either.
 
 Exact (asserted against bytes measured from real tensors in ``tests/sharding/test_memory_calculator.py``)
 for the course's ``models.TinyTransformer`` (``ModelShape.course``) on one process or data-parallel
 ranks: parameters, gradients and Adam state under ZeRO 0-3, and activations with
-``attention="math"`` for ``recompute`` none, selective (``recompute.keep_matmuls``) and full.
+``attention="math"`` for each ``recompute.MODES``: none, selective (Korthikanti et al.'s: the
+attention core recomputed), keep-matmuls (this course's ``recompute.keep_matmuls``) and full.
 Estimates, from the published formulas and not measured here:
 
-- ``tp > 1``: everything divided by ``tp`` (Megatron with sequence parallelism; the norms'
-  replicated weights and the attention heads' rounding ignored);
+- ``tp > 1``: with ``sp=True`` (sequence parallelism, the default) everything divided by ``tp``;
+  with ``sp=False`` the norms' and dropouts' activations and the inputs of the qkv and MLP
+  linears stay whole on every rank: Korthikanti et al. (2022) Table 2, ``korthikanti`` (the
+  norms' replicated weights and the attention heads' rounding ignored);
 - ``cp > 1``: tokens divided by ``cp``; the ``a·s²`` terms count local queries against all keys;
 - ``pp > 1``: ``layers / pp`` per rank, the first stage holding ``pp`` micro-batches (1F1B);
 - Llama-style shapes (``gated``, ``kv_heads``, RMSNorm, ``attention="flash"``): the same
   accounting op by op; a fused kernel may keep less.
 - ZeRO shards over ``dp × cp``: the ``cp`` ranks of a replica hold the same weights, so FSDP
-  shards over both (torchtitan's ``dp_shard_cp``, the capstone's ``fsdp_mesh``); temporary buffers
-  (gathered ZeRO-3 layers, communication buckets, the allocator's fragmentation) are not counted.
+  shards over both (torchtitan's ``dp_shard_cp``, the capstone's ``fsdp_mesh``).
+
+The activations' dtype is one for all (``PRECISIONS``' last number): a model run wholly in bf16
+(Megatron, FSDP2's ``param_dtype=bf16``). ``torch.autocast`` keeps the residual stream, and so
+the norms' inputs, in float32: 2·2·s·b·h bytes more per layer (``17_memory`` §2 measures it).
 """
 
 from __future__ import annotations
@@ -28,10 +38,21 @@ import argparse
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["PRECISIONS", "ModelShape", "PRESETS", "num_params", "activation_terms", "bytes_per_rank", "main"]
+__all__ = ["PRECISIONS", "RECOMPUTE", "WHOLE_WITHOUT_SP", "ModelShape", "PRESETS", "num_params", "korthikanti",
+           "activation_terms", "bytes_per_rank", "main"]
 
-# Bytes per parameter (parameter, gradient, optimizer state with Adam) and per activation.
-PRECISIONS = {"fp32": (4, 4, 8, 4), "bf16-mixed": (2, 2, 12, 2)}  # ZeRO paper: 2 + 2 + (4 + 4 + 4)
+# Bytes per parameter (parameter, gradient, optimizer state with Adam) and per activation, as each stack holds them.
+PRECISIONS = {
+    "fp32": (4, 4, 8, 4),
+    "bf16-mixed": (2, 2, 12, 2),  # the ZeRO paper's minimum (§3.1): bf16 weights and grads; fp32 masters, Adam 4 + 4
+    "megatron-bf16": (2, 4, 12, 2),  # Megatron-LM: gradients accumulated in fp32 main_grad buffers
+    # FSDP2, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): the fp32 shards are the masters, grads fp32;
+    # the bf16 weights exist only while a layer is gathered (torch/distributed/fsdp/_fully_shard/_fsdp_api.py)
+    "fsdp2-bf16": (4, 4, 8, 2),
+}
+RECOMPUTE = ("none", "selective", "keep-matmuls", "full")  # recompute.MODES, without importing torch
+# The terms tensor parallelism without sequence parallelism leaves whole on every rank (Korthikanti et al. §4.2.2)
+WHOLE_WITHOUT_SP = ("norm inputs", "norm statistics", "qkv and MLP inputs", "dropout masks", "block input")
 
 
 @dataclass(frozen=True)
@@ -85,10 +106,32 @@ def num_params(shape: ModelShape) -> tuple[int, int]:
     return attention + mlp + 2 * norm, outside
 
 
+def korthikanti(seq: int, batch: int, hidden: int, heads: int, *, tp: int = 1, sp: bool = False,
+                recompute: str = "none") -> float:
+    """Activation bytes per layer and per rank, Korthikanti et al. (2022) Table 2 (16-bit, 1-byte dropout masks).
+
+    ``sbh(34 + 5as/h)`` without parallelism; tensor parallel ``sbh(10 + 24/t + 5as/(ht))``; with
+    sequence parallelism ``sbh(34/t + 5as/(ht))``; selective recomputation drops the ``5as/(ht)``
+    term; full recomputation keeps the layer's input, ``2sbh`` (the paper writes it undivided by t).
+    """
+    sbh, attention = seq * batch * hidden, 5 * heads * seq / (hidden * tp)
+    if recompute == "full":
+        return 2 * sbh
+    if recompute not in ("none", "selective"):
+        raise ValueError(f"Table 2 has recompute none, selective and full, not {recompute!r}")
+    kept = 34 / tp if sp or tp == 1 else 10 + 24 / tp
+    return sbh * (kept + (attention if recompute == "none" else 0))
+
+
 def activation_terms(shape: ModelShape, micro_batch: int, *, act_bytes: int = 2, mask_bytes: int | None = None,
                      dropout: bool = False, attention: str = "flash", recompute: str = "none",
                      cp: int = 1) -> dict[str, int]:
-    """Bytes one layer saves for backward, by term (``mask_bytes=None``: a dropout mask of ``act_bytes``)."""
+    """Bytes one layer saves for backward, by term (``mask_bytes=None``: a dropout mask of ``act_bytes``).
+
+    ``recompute`` (``RECOMPUTE``): "selective" drops what the attention core keeps (the ``a·s²``
+    terms, or a fused kernel's log-sum-exp); "keep-matmuls" keeps the block's input and the
+    matmuls' outputs; "full" the block's input.
+    """
     e, m = act_bytes, act_bytes if mask_bytes is None else mask_bytes
     h, f, tokens = shape.hidden, shape.mlp, micro_batch * shape.seq // cp
     th, scores = tokens * h, shape.heads * tokens * shape.seq  # local queries x all keys
@@ -96,19 +139,21 @@ def activation_terms(shape: ModelShape, micro_batch: int, *, act_bytes: int = 2,
     math_attention = attention == "math"
     if recompute == "full":
         return {"block input": e * th}
-    if recompute == "selective":  # the matmuls' outputs; the pointwise ops are recomputed
+    if recompute == "keep-matmuls":  # the matmuls' outputs; the pointwise ops are recomputed
         mlp_out = (2 if shape.gated else 1) * f
         return {"block input": e * th, "matmul outputs": qkv + e * tokens * (3 * h + mlp_out),
                 "scores (a·s²)": e * scores if math_attention else 0}
     terms = {"norm inputs": 2 * e * th, "norm statistics": 2 * (1 if shape.rms_norm else 2) * 4 * tokens,
-             "linear inputs": e * tokens * (3 * h + f) if math_attention else e * tokens * (2 * h + f),
+             "qkv and MLP inputs": 2 * e * th,  # gate and up read one input
+             "proj and down inputs": e * tokens * (h + f) if math_attention else e * tokens * f,
              "q, k, v": qkv, "MLP activation": (3 if shape.gated else 1) * e * tokens * f}
+    core = recompute != "selective"  # selective: what only the attention core keeps is recomputed
     if math_attention:
-        terms["softmax (a·s²)"] = e * scores
+        terms["softmax (a·s²)"] = e * scores * core
         if dropout:
-            terms["dropout (a·s²)"] = (m + e) * scores  # the mask, and the dropped probabilities probs·v keeps
-    else:  # a fused kernel keeps its output and the log-sum-exp per query, never the scores
-        terms["attention output, logsumexp"] = e * th + 4 * shape.heads * tokens
+            terms["dropout (a·s²)"] = (m + e) * scores * core  # the mask, and the dropped probabilities probs·v keeps
+    else:  # a fused kernel keeps its output (proj's input) and the log-sum-exp per query, never the scores
+        terms["attention output, logsumexp"] = e * th + 4 * shape.heads * tokens * core
     if dropout:
         terms["dropout masks"] = 2 * m * th
     return terms
@@ -117,16 +162,19 @@ def activation_terms(shape: ModelShape, micro_batch: int, *, act_bytes: int = 2,
 def bytes_per_rank(shape: ModelShape, *, micro_batch: int = 1, dp: int = 1, tp: int = 1, pp: int = 1,
                    cp: int = 1, zero: int = 0, recompute: str = "none", precision: str = "bf16-mixed",
                    attention: str = "flash", dropout: bool = False, mask_bytes: int | None = None,
-                   microbatches: int = 0) -> dict[str, int]:
-    """Bytes the busiest rank holds, by term: parameters, gradients, optimizer states, activations, total.
+                   microbatches: int = 0, sp: bool = True) -> dict[str, int]:
+    """Bytes the busiest rank holds when forward ends, by term: parameters, gradients, optimizer states,
+    activations, total.
 
     ``zero``: 0 (DDP), 1 (optimizer state sharded over ``dp × cp``), 2 (+ gradients), 3 (+ parameters).
-    ``precision``: "fp32" (4 + 4 + 8 bytes per parameter with Adam) or "bf16-mixed" (2 + 2 + 12).
+    ``precision``: a layout of ``PRECISIONS``: "fp32" (4 + 4 + 8 bytes per parameter with Adam),
+    "bf16-mixed" (the ZeRO paper's 2 + 2 + 12), "megatron-bf16" (2 + 4 + 12), "fsdp2-bf16" (4 + 4 + 8).
+    ``recompute``: one of ``RECOMPUTE``. ``sp``: sequence parallelism with ``tp``.
     ``microbatches`` in flight on the first pipeline stage: 0 means ``pp`` (1F1B).
     The module docstring says which terms are exact and which are estimates.
     """
-    if zero not in (0, 1, 2, 3) or recompute not in ("none", "selective", "full"):
-        raise ValueError(f"zero must be 0-3 and recompute none/selective/full, got {zero}, {recompute!r}")
+    if zero not in (0, 1, 2, 3) or recompute not in RECOMPUTE:
+        raise ValueError(f"zero must be 0-3 and recompute one of {RECOMPUTE}, got {zero}, {recompute!r}")
     p_bytes, g_bytes, o_bytes, e = PRECISIONS[precision]
     layer, outside = num_params(shape)
     params = math.ceil((layer * math.ceil(shape.layers / pp) + (outside if pp == 1 else outside / 2)) / tp)
@@ -134,14 +182,21 @@ def bytes_per_rank(shape: ModelShape, *, micro_batch: int = 1, dp: int = 1, tp: 
     def share(nbytes: int, sharded: bool) -> int:  # over dp x cp: the ranks that hold the same weights
         return -(-nbytes // (dp * cp)) if sharded else nbytes
 
-    per_layer = sum(activation_terms(shape, micro_batch, act_bytes=e, mask_bytes=mask_bytes, dropout=dropout,
-                                     attention=attention, recompute=recompute, cp=cp).values())
+    terms = activation_terms(shape, micro_batch, act_bytes=e, mask_bytes=mask_bytes, dropout=dropout,
+                             attention=attention, recompute=recompute, cp=cp)
+    whole_on_each = not sp and tp > 1  # tensor parallelism without sequence parallelism
+    whole = sum(n for term, n in terms.items() if term in WHOLE_WITHOUT_SP) if whole_on_each else 0
+    per_layer = sum(terms.values()) - whole
     tokens = micro_batch * shape.seq // cp
-    # after the layers: the final norm's input and statistics, the head's input, the loss's float32
-    # log-softmax and its 0-dim total weight
-    tail = 2 * e * tokens * shape.hidden + (1 if shape.rms_norm else 2) * 4 * tokens + 4 * tokens * shape.vocab + 4
+    # after the layers: the final norm's input and statistics and the head's input (whole on each rank
+    # without sp), the loss's float32 log-softmax (split by vocabulary) and its 0-dim total weight
+    norm_tail = 2 * e * tokens * shape.hidden + (1 if shape.rms_norm else 2) * 4 * tokens
+    tail, tail_whole = (4 * tokens * shape.vocab + 4, norm_tail) if whole_on_each else \
+        (norm_tail + 4 * tokens * shape.vocab + 4, 0)
     in_flight = min(microbatches or pp, pp) if pp > 1 else 1
-    activations = math.ceil((per_layer * math.ceil(shape.layers / pp) * in_flight + (tail if pp == 1 else 0)) / tp)
+    layers = math.ceil(shape.layers / pp) * in_flight
+    activations = math.ceil((per_layer * layers + (tail if pp == 1 else 0)) / tp) + \
+        whole * layers + (tail_whole if pp == 1 else 0)
     out = {"parameters": share(params * p_bytes, zero >= 3), "gradients": share(params * g_bytes, zero >= 2),
            "optimizer states": share(params * o_bytes, zero >= 1), "activations": activations}
     return {**out, "total": sum(out.values())}
@@ -160,7 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("dp", "tp", "pp", "cp"):
         parser.add_argument(f"--{name}", type=int, default=1)
     parser.add_argument("--zero", type=int, default=0, choices=range(4))
-    parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    parser.add_argument("--no-sp", dest="sp", action="store_false", help="tensor parallelism without sequence parallelism")
+    parser.add_argument("--recompute", choices=RECOMPUTE, default="none",
+                        help="selective: Korthikanti's (the attention core); keep-matmuls: this course's policy")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), default="bf16-mixed")
     parser.add_argument("--attention", choices=("flash", "math"), default="flash")
     args = parser.parse_args(argv)
@@ -168,9 +225,10 @@ def main(argv: list[str] | None = None) -> None:
     layer, outside = num_params(shape)
     got = bytes_per_rank(shape, micro_batch=args.micro_batch, dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp,
                          zero=args.zero, recompute=args.recompute, precision=args.precision,
-                         attention=args.attention)
+                         attention=args.attention, sp=args.sp)
     print(f"{args.model}: {(layer * shape.layers + outside) / 1e9:.2f}e9 parameters, seq {shape.seq}, "
-          f"micro-batch {args.micro_batch}, dp {args.dp} tp {args.tp} pp {args.pp} cp {args.cp}, "
+          f"micro-batch {args.micro_batch}, dp {args.dp} tp {args.tp}{'' if args.sp or args.tp == 1 else ' (no sp)'} "
+          f"pp {args.pp} cp {args.cp}, "
           f"ZeRO-{args.zero}, recompute {args.recompute}, {args.precision}")
     for term, nbytes in got.items():
         print(f"  {term:<17} {gib(nbytes):>9} GiB")

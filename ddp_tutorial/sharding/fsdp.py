@@ -33,6 +33,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.memory import held
 from ddp_tutorial.sharding.zero import TOLERANCE
@@ -212,9 +213,7 @@ def main() -> None:
             f = fp["FSDP2"]
             print(f"FSDP2 on {n} rank(s): params {f.params} B, grads {f.grads} B, optimizer state {f.optim} B "
                   f"per rank; units {fp['units']}; peak {fp['peak']} B with {fp['gathered']} B gathered")
-            print("OK" if ok else "FAILED", f"(FSDP2 equals DDP and one process, {n} rank(s))")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"FSDP2 equals DDP and one process, {n} rank(s)", show=info.is_main)
 
 
 if __name__ == "__main__":

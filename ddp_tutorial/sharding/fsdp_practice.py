@@ -12,7 +12,9 @@ that does not fit. In practice:
   all-gathers and the compute in bfloat16, the gradients reduced in float32 into float32 shards:
   what ``Zero3(compute_dtype=torch.bfloat16)`` does by hand;
 - gradient accumulation: ``set_requires_gradient_sync(False)`` on all micro-batches but the
-  last keeps unsharded gradients and skips the reduce-scatters (DDP's ``no_sync``);
+  last skips the reduce-scatters (DDP's ``no_sync``), at a price: until the last micro-batch every
+  rank keeps the *unsharded* gradient of every parameter, in ``reduce_dtype`` (float32 here), the
+  whole model's gradients, which ZeRO-2/3 exist to shard (``accumulation_bytes`` counts them);
 - ``reshard_after_forward``: ``True`` frees a block's weights after its forward (gathered again
   for backward), ``False`` keeps them (no second gather, more memory), an int ``k`` keeps them
   sharded over groups of ``k`` ranks in between (a cheaper second gather, within a node).
@@ -29,16 +31,19 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.memory import held
 from ddp_tutorial.sharding.zero3 import Zero3
 from ddp_tutorial.sharding.zero3_train import mixed_precision_step
 from ddp_tutorial.timing import take_turns
 
-__all__ = ["build_on_meta", "meta_init", "versus_zero3", "accumulate", "reshard_settings", "practice_report", "costs"]
+__all__ = ["build_on_meta", "meta_init", "versus_zero3", "accumulate", "gradient_bytes", "accumulation_bytes",
+           "reshard_settings", "practice_report", "costs"]
 
 
 def build_on_meta(reference: dict[str, torch.Tensor] | None, *, mp_policy: MixedPrecisionPolicy | None = None,
@@ -133,6 +138,43 @@ def accumulate(rank: int, world_size: int, micro: int = 2, num_steps: int = 2) -
     return {"accumulated": gap}
 
 
+def gradient_bytes(model: nn.Module) -> int:
+    """Bytes of every gradient tensor this rank holds: each parameter's sharded ``.grad``, and the
+    unsharded gradients FSDP2 keeps per parameter while sync is off (read from its own records, the
+    private ``FSDPParam``s: only counted), each tensor once (by its first byte and size)."""
+    grads = [p.grad for p in model.parameters()]
+    for module in model.modules():
+        group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+        for fsdp_param in group.fsdp_params if group else []:
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            grads += [getattr(fsdp_param, "unsharded_accumulated_grad", None),  # torch <= 2.10's fp32 buffer
+                      None if unsharded is None else unsharded.grad]
+    seen, total = set(), 0
+    for g in grads:
+        g = g.to_local() if isinstance(g, DTensor) else g
+        if g is not None and g.numel() and (g.data_ptr(), g.numel()) not in seen:  # views of one buffer: each
+            seen.add((g.data_ptr(), g.numel()))
+            total += g.numel() * g.element_size()
+    return total
+
+
+def accumulation_bytes(rank: int, world_size: int) -> dict:
+    """Gradient bytes this rank holds after the first of 2 micro-batches (bf16 policy, ``reduce_dtype``
+    float32), with sync off (accumulating) and on (reduce-scattered at once), and after the step's last."""
+    reference = reference_model()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    result = {}
+    for sync in (False, True):
+        model = build_on_meta(reference.state_dict() if rank == 0 else None, mp_policy=policy)
+        for m in range(2):
+            model.set_requires_gradient_sync(sync or m == 1)
+            tokens, targets = token_batch(m, world_size, rank, device=rank_device())
+            (nn.functional.cross_entropy(model(tokens).float(), targets) / 2).backward()
+            result[f"sync {'on' if sync else 'off'}, micro-batch {m + 1}"] = gradient_bytes(model)
+    dist.barrier()
+    return result
+
+
 def reshard_settings(rank: int, world_size: int, settings: tuple = (True, False)) -> dict:
     """FSDP2 (float32) for each ``reshard_after_forward`` in ``settings``, 2 SGD steps, against one
     process on the global batch: the largest parameter gap per setting."""
@@ -151,9 +193,11 @@ def reshard_settings(rank: int, world_size: int, settings: tuple = (True, False)
 
 
 def practice_report(rank: int, world_size: int, settings: tuple = (True, False)) -> dict:
-    """Every check above in one launch: ``meta``, ``versus``, ``accumulate`` and ``reshard`` (over ``settings``)."""
+    """Every check above in one launch: ``meta``, ``versus``, ``accumulate``, ``gradient bytes`` and ``reshard``
+    (over ``settings``)."""
     return {"meta": meta_init(rank, world_size), "versus": versus_zero3(rank, world_size),
-            "accumulate": accumulate(rank, world_size), "reshard": reshard_settings(rank, world_size, settings)}
+            "accumulate": accumulate(rank, world_size), "gradient bytes": accumulation_bytes(rank, world_size),
+            "reshard": reshard_settings(rank, world_size, settings)}
 
 
 def costs(rank: int, world_size: int, model_kwargs: dict | None = None, timing: bool = False) -> dict:
@@ -202,9 +246,7 @@ def main() -> None:
             print(f"FSDP2 bf16 vs Zero3 bf16: {versus['FSDP2 vs Zero3']:.1e}; accumulation: "
                   f"{accumulated['accumulated']:.1e}; reshard_after_forward: "
                   + ", ".join(f"{k}: {v:.1e}" for k, v in reshard.items()))
-            print("OK" if ok else "FAILED", f"(FSDP2 in practice equals Zero3 and one process, {n} rank(s))")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"FSDP2 in practice equals Zero3 and one process, {n} rank(s)", show=info.is_main)
 
 
 if __name__ == "__main__":

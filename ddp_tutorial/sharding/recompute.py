@@ -2,17 +2,24 @@
 
 ``17_memory`` wraps each block of a ``TinyGPT`` (``TinyTransformer`` with dropout) in ``Recomputed``:
 
+- ``"selective"``: Korthikanti et al. (2022) §4.3's selective recomputation (Megatron's
+  ``--recompute-granularity selective``): only the attention core (``Block.attend``: q·kᵀ,
+  softmax, dropout, probs·v, the ``a·s²`` terms) runs under a checkpoint, which keeps its
+  inputs q, k, v; everything else is kept as without recomputation;
+- ``"keep-matmuls"``: this course's op-level policy (torchtitan's op-SAC is of this kind):
+  the whole block under ``create_selective_checkpoint_contexts``, the matmuls' outputs kept
+  (expensive to compute, ``MATMULS``), the pointwise ops (GELU, softmax, dropout, layer norm)
+  computed again. It keeps the q·kᵀ scores, so it is *not* the paper's "selective";
 - ``"full"``: ``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`` keeps only
   the block's input; backward runs the block's forward again to get everything else back
-  (about one forward more per step: 4/3 of the matmul FLOPs, since backward is about 2 forwards);
-- ``"selective"``: the same, with ``create_selective_checkpoint_contexts``: the matmuls'
-  outputs are kept (expensive to compute, ``MATMULS``), the pointwise ops (GELU, softmax,
-  dropout, layer norm) are computed again (cheap, and their inputs are the big tensors).
+  (about one forward more per step: 4/3 of the matmul FLOPs, since backward is about 2 forwards).
 
 Saved-tensor hooks cannot see what a checkpoint keeps (it holds the block's input itself,
 and its own hooks replace ours inside the block), so ``held_after_forward`` measures the other
 way: every storage an op creates during forward, still alive once forward returned, is
 what the graph holds for backward. Without checkpointing it equals ``activations``' count.
+``peak_during_backward`` follows the same storages through backward: the most bytes alive at
+once, which is where one checkpoint around a whole stack loses (it rebuilds every block at once).
 """
 
 from __future__ import annotations
@@ -32,30 +39,35 @@ from torch.utils.flop_counter import FlopCounterMode
 from ddp_tutorial.models import TinyGPT, token_batch
 from ddp_tutorial.timing import timed
 
-__all__ = ["MODES", "MATMULS", "Recomputed", "recompute_blocks", "held_after_forward", "step_flops", "keep_matmuls",
-           "tradeoff"]
+__all__ = ["MODES", "MATMULS", "Recomputed", "recompute_blocks", "held_after_forward", "peak_during_backward",
+           "step_flops", "keep_matmuls", "tradeoff"]
 
-MODES = ("none", "selective", "full")
+MODES = ("none", "selective", "keep-matmuls", "full")
 aten = torch.ops.aten
 MATMULS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
 
 
 def keep_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
-    """The selective policy: save what a matmul returns, recompute everything else."""
+    """The ``"keep-matmuls"`` policy: save what a matmul returns, recompute everything else."""
     return CheckpointPolicy.MUST_SAVE if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class Recomputed(nn.Module):
-    """A block whose activations are recomputed in backward (``mode``: "full" or "selective")."""
+    """A ``models.Block`` whose activations are recomputed in backward (``mode``: one of ``MODES`` but "none")."""
 
     def __init__(self, block: nn.Module, mode: str = "full"):
         super().__init__()
-        if mode not in ("full", "selective"):
-            raise ValueError(f"mode must be 'full' or 'selective', not {mode!r}")
+        if mode not in MODES[1:]:
+            raise ValueError(f"mode must be one of {MODES[1:]}, not {mode!r}")
         self.block, self.mode = block, mode
+        if mode == "selective":  # the attention core alone under a checkpoint, which keeps q, k, v
+            # a partial, not a lambda: copy.deepcopy then points it at the copied block
+            block.attend = functools.partial(checkpoint, type(block).attend, block, use_reentrant=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "selective":
+            return self.block(x)
+        if self.mode == "keep-matmuls":
             context = functools.partial(create_selective_checkpoint_contexts, keep_matmuls)
             return checkpoint(self.block, x, use_reentrant=False, context_fn=context)
         return checkpoint(self.block, x, use_reentrant=False)
@@ -74,11 +86,16 @@ def recompute_blocks(model: nn.Module, mode: str) -> nn.Module:
 
 
 class NewStorages(TorchDispatchMode):
-    """Remembers, by weak reference, every storage that an op's output lives in."""
+    """Remembers, by weak reference, every storage that an op's output lives in; with ``watch``,
+    also the most bytes of them alive at once after any op (``peak``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: bool = False) -> None:
         super().__init__()
         self.refs: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.watch, self.peak = watch, 0
+
+    def alive(self) -> int:
+        return sum(n for ref, n in self.refs.values() if not ref.expired())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001  (torch's protocol)
         out = func(*args, **(kwargs or {}))
@@ -86,6 +103,9 @@ class NewStorages(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 s = t.untyped_storage()
                 self.refs[s.data_ptr()] = (StorageWeakRef(s), s.nbytes())
+        if self.watch:
+            self.refs = {ptr: (ref, n) for ptr, (ref, n) in self.refs.items() if not ref.expired()}
+            self.peak = max(self.peak, self.alive())
         return out
 
 
@@ -108,6 +128,26 @@ def held_after_forward(model: nn.Module, *inputs: torch.Tensor, targets: torch.T
     return held
 
 
+def peak_during_backward(model: nn.Module, *inputs: torch.Tensor) -> dict:
+    """Bytes alive when ``model(*inputs)``'s forward has ended, and the most alive at once until its backward ends.
+
+    Of the storages ops create (activations, recomputed ones, gradients), not the inputs or the
+    parameters; the loss is a fixed weighting of the output. ``"after forward"`` is
+    ``held_after_forward``'s count; ``"peak"`` adds what backward allocates: the gradients and,
+    with checkpoints, what each recomputation rebuilds while it is needed. ``"output"``: the
+    output, its gradients now in the inputs' and parameters' ``.grad``.
+    """
+    with NewStorages(watch=True) as mode:
+        out = model(*inputs)
+        gc.collect(1)  # the young generations, where forward's reference cycles are: a full collection is slow
+        keep = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        keep |= {t.untyped_storage().data_ptr() for t in (out, *inputs) if isinstance(t, torch.Tensor)}
+        held = sum(n for ptr, (ref, n) in mode.refs.items() if ptr not in keep and not ref.expired())
+        if isinstance(out, torch.Tensor) and out.requires_grad:  # else there is no backward to follow
+            (out * torch.linspace(-1, 1, out.numel(), device=out.device).view_as(out)).sum().backward()
+    return {"after forward": held, "peak": mode.peak, "output": out}
+
+
 def step_flops(step: Callable[[], object]) -> int:
     """The FLOPs ``step()`` runs, as torch's ``FlopCounterMode`` counts them (matmuls and attention)."""
     with FlopCounterMode(display=False) as counter:
@@ -115,17 +155,18 @@ def step_flops(step: Callable[[], object]) -> int:
     return counter.get_total_flops()
 
 
-def tradeoff(model_kwargs: dict, *, batch: int = 4, seq: int = 64, repeat: int = 3) -> list[dict]:
-    """Per mode (none, selective, full): bytes held after forward, FLOPs and best time of a step.
+def tradeoff(model_kwargs: dict, *, batch: int = 4, seq: int = 64, repeat: int = 3,
+             device: torch.device | str = "cpu") -> list[dict]:
+    """Per mode (``MODES``): bytes held after forward, FLOPs and best time of a step, on ``device``.
 
     The ratios are to ``"none"`` in the same run; the same seed (same weights, same dropout
     masks) in every mode, so the gradients are equal too (``"same grads"``).
     """
-    tokens, targets = token_batch(0, 1, per_rank=batch, seq=seq, vocab=model_kwargs.get("vocab", 32))
+    tokens, targets = token_batch(0, 1, per_rank=batch, seq=seq, vocab=model_kwargs.get("vocab", 32), device=device)
     rows, reference = [], None
     for mode in MODES:
         torch.manual_seed(0)
-        model = recompute_blocks(TinyGPT(**model_kwargs), mode)
+        model = recompute_blocks(TinyGPT(**model_kwargs), mode).to(device)
 
         def step() -> None:
             model.zero_grad(set_to_none=True)

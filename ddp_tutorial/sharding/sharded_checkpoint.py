@@ -18,6 +18,8 @@ each rank reads the byte ranges its new shards need (resharding).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -32,10 +34,30 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.fsdp import shard_model
 
-__all__ = ["train_and_save", "load_and_compare", "full_values", "export_single_file"]
+__all__ = ["train_and_save", "load_and_compare", "full_values", "export_single_file", "quiet_dcp_writer",
+           "local_elements"]
+
+
+def quiet_dcp_writer() -> None:
+    """Silence the one warning DCP's file writer prints on some releases, in this process, for every later save.
+
+    torch 2.9's ``FileSystemWriter`` calls ``tensor.storage()`` and so warns "TypedStorage is
+    deprecated" from each rank: torch's own text, not ours, that would make a notebook's output differ
+    between releases. Process-wide (not ``catch_warnings``): ``async_save`` writes in a background thread.
+    """
+    warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning,
+                            module=r"torch\.distributed\.checkpoint")
+
+
+def local_elements(shape: torch.Size, rank: int, world_size: int) -> int:
+    """Elements of ``rank``'s dim-0 shard of a ``shape`` tensor, as ``torch.chunk`` cuts it (FSDP2's ``Shard(0)``):
+    ``ceil(rows / N)`` rows per rank, the last ones fewer or none when N does not divide the rows."""
+    rows = -(-shape[0] // world_size)
+    return max(0, min(rows, shape[0] - rank * rows)) * (shape.numel() // shape[0])
 
 
 def full_values(state: dict) -> dict[str, torch.Tensor]:
@@ -67,6 +89,7 @@ def train_and_save(rank: int, world_size: int, path: str, num_steps: int = 2) ->
         nn.functional.cross_entropy(model(tokens), targets).backward()
         optimizer.step()
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    quiet_dcp_writer()
     dcp.save(state, checkpoint_id=path)  # every rank writes its own shards, in parallel
     values = full_values(state)
     dist.barrier()  # see fsdp.gradients_vs_ddp: gloo and FSDP2's last collectives at exit
@@ -117,9 +140,7 @@ def main() -> None:
         if info.is_main:
             print(f"DCP save and load on {info.world_size} rank(s): {len(saved)} tensors, largest difference "
                   f"{result['difference']:.1e}")
-            print("OK" if ok else "FAILED", f"(a sharded checkpoint loads back exactly, {info.world_size} rank(s))")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"a sharded checkpoint loads back exactly, {info.world_size} rank(s)", show=info.is_main)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Lesson 11 resumes DDP from rank 0's ``torch.save`` file. With FSDP2 each rank saves its own
 shards through DCP, and the training state is one ``Stateful`` object (``TrainingState``):
 DCP calls its ``state_dict()`` when saving and its ``load_state_dict()`` after reading, so the
-model, the optimizer and the step travel together.
+model, the optimizer, the step, and each rank's RNG state and data position travel together
+(the last two under keys that carry the rank: DCP keeps one copy of a key all ranks share).
 
 - ``dcp.save`` blocks until every rank has written; ``dcp.async_save`` returns once this rank's
   state is copied to CPU memory (staged), and the writing overlaps the next training steps. Its
@@ -33,23 +34,44 @@ from torch.distributed.checkpoint.stateful import Stateful
 from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.fsdp import shard_model
+from ddp_tutorial.sharding.sharded_checkpoint import quiet_dcp_writer
 
-__all__ = ["TrainingState", "train_with_checkpoints", "digest", "latest_step"]
+__all__ = ["TrainingState", "next_batch", "train_with_checkpoints", "digest", "latest_step"]
 
 
 class TrainingState(Stateful):
-    """Model, optimizer and step as one ``Stateful``: what DCP saves and loads under one key."""
+    """Model, optimizer, step, and this rank's RNG state and data position as one ``Stateful`` (one DCP key).
+
+    The model's and the optimizer's values are DTensor shards: DCP knows which piece each rank
+    holds. The RNG state and the data position are plain per-rank values: under one key for all
+    ranks DCP would keep one copy (it deduplicates identical keys when it plans the save) and every
+    rank would resume with rank 0's. So their keys carry the rank (torchtitan keys its data loader's
+    state by data-parallel rank the same way); each rank loads back only its own.
+    """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
-        self.model, self.optimizer, self.step = model, optimizer, 0
+        self.model, self.optimizer, self.step, self.position = model, optimizer, 0, 0
 
     def state_dict(self) -> dict:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)  # sharded, keyed by name
-        return {"model": model_state, "optim": optim_state, "step": self.step}
+        rank = dist.get_rank()
+        return {"model": model_state, "optim": optim_state, "step": self.step,
+                f"rng.rank{rank}": torch.get_rng_state(), f"data.rank{rank}": torch.tensor(self.position)}
 
     def load_state_dict(self, state: dict) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        self.step = state["step"]
+        rank = dist.get_rank()
+        self.step, self.position = state["step"], int(state[f"data.rank{rank}"])
+        torch.set_rng_state(state[f"rng.rank{rank}"])
+
+
+def next_batch(state: TrainingState, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's batch at its data position, a random eighth of its input tokens masked (to token 0)
+    with the rank's RNG: a stand-in for a shuffling loader and a random augmentation, both per rank."""
+    tokens, targets = token_batch(state.position, world_size, rank, device=rank_device())
+    state.position += 1
+    keep = torch.rand(tokens.shape) >= 0.125  # draws from this rank's RNG: a resume must restore it
+    return tokens * keep.to(tokens.device), targets
 
 
 def latest_step(folder: str) -> int | None:
@@ -79,15 +101,22 @@ def digest(model: nn.Module) -> str:
 
 
 def train_with_checkpoints(rank: int, world_size: int, folder: str, steps: int, fail_at: int | None = None,
-                           use_async: bool = False, attempt: int = 0) -> dict:
+                           use_async: bool = False, attempt: int = 0, *, restore_rng: bool = True) -> dict:
     """FSDP2 + Adam for ``steps`` steps, a DCP checkpoint after each; resume from ``latest`` if there is one.
-    ``fail_at``: the last rank dies at that step on attempt 0. Returns the step resumed from and the digest."""
-    torch.manual_seed(0)
+    ``fail_at``: the last rank dies at that step on attempt 0; ``restore_rng=False`` resumes with a freshly
+    seeded RNG instead of the saved one (the mistake). Returns the step resumed from, the digest, and this
+    rank's data position and RNG state's hash after the last step."""
+    quiet_dcp_writer()  # the saves below, blocking and async
+    torch.manual_seed(0)  # the same initial weights on every rank
     model = shard_model(TinyTransformer().to(rank_device()))
     state = TrainingState(model, torch.optim.Adam(model.parameters(), lr=1e-2))
+    torch.manual_seed(1 + rank)  # each rank's own data RNG
     resumed = latest_step(folder)
     if resumed is not None:
+        rng = torch.get_rng_state()
         dcp.load({"app": state}, checkpoint_id=os.path.join(folder, f"step-{resumed}"))  # calls load_state_dict
+        if not restore_rng:
+            torch.set_rng_state(rng)
     pending = None  # (future, step) of an async save in flight
     # The async save's collectives run in a background thread: on the training's group they would
     # interleave with FSDP2's all-gathers in a different order on each rank (a hang). A group of its own.
@@ -96,7 +125,7 @@ def train_with_checkpoints(rank: int, world_size: int, folder: str, steps: int, 
         if step == fail_at and attempt == 0 and rank == world_size - 1:
             print(f"rank {rank}: injected failure at step {step}", file=sys.stderr, flush=True)
             os._exit(1)  # like a killed process
-        tokens, targets = token_batch(step, world_size, rank, device=rank_device())
+        tokens, targets = next_batch(state, rank, world_size)
         state.optimizer.zero_grad()
         nn.functional.cross_entropy(model(tokens), targets).backward()
         state.optimizer.step()
@@ -113,7 +142,8 @@ def train_with_checkpoints(rank: int, world_size: int, folder: str, steps: int, 
     if pending is not None:
         pending[0].result()
         mark_latest(folder, pending[1])
-    result = {"resumed from": resumed, "digest": digest(model)}
+    result = {"resumed from": resumed, "digest": digest(model), "position": state.position,
+              "rng": hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]}
     dist.barrier()  # see fsdp.gradients_vs_ddp
     return result
 

@@ -37,6 +37,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ddp_tutorial.comm.collectives import all_gather_single, reduce_scatter_single
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.memory import Footprint, held, optimizer_state_bytes, tensor_bytes
 
@@ -232,9 +233,7 @@ def main() -> None:
                   f"elements per rank: {[sum(k for _, k in o) for o in owned]}")
             for name, fp in held_bytes.items():
                 print(f"{name:>15}: params {fp.params:>6} B, grads {fp.grads:>6} B, optimizer state {fp.optim:>6} B")
-            print("OK" if ok else "FAILED", f"(ZeRO from scratch and ZeroRedundancyOptimizer equal DDP + Adam, {n} rank(s))")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"ZeRO from scratch and ZeroRedundancyOptimizer equal DDP + Adam, {n} rank(s)", show=info.is_main)
 
 
 if __name__ == "__main__":

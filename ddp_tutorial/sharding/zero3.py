@@ -1,7 +1,9 @@
 """ZeRO-3 from scratch: the parameters sharded too, gathered one module at a time (``18_zero3_and_checkpoints``).
 
 ZeRO-1 and ZeRO-2 (``zero``) shard the optimizer state and the gradients; every rank still
-holds every weight. ``Zero3`` shards the weights themselves, as FSDP does:
+holds every weight. ``Zero3`` shards the weights themselves, in the layout of FSDP1's
+``FlatParameter`` and DeepSpeed's ZeRO-3 (flat and padded; FSDP2 instead keeps each parameter
+as a ``DTensor`` cut along dim 0, ``Shard(0)``, which is what lets its checkpoints reshard):
 
 - every parameter of two or more dimensions becomes this rank's flat shard (padded so all
   shards are equal): ``param.data`` has ``ceil(numel / N)`` elements, float32;

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyTransformer, token_batch
 from ddp_tutorial.sharding.zero3 import Zero3
 
@@ -140,9 +141,7 @@ def main() -> None:
                       f"{r['global batch']:.1e}" + ("" if r["rank order"] is None else
                                                     f" (rank order: {r['rank order']:.1e})")
                       + f"; peak gathered {r['peak gathered']} B (bound {peak_formula(r['units'])} B)")
-            print("OK" if ok else "FAILED", f"(ZeRO-3 from scratch equals one process, {info.world_size} rank(s))")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"ZeRO-3 from scratch equals one process, {info.world_size} rank(s)", show=info.is_main)
 
 
 if __name__ == "__main__":

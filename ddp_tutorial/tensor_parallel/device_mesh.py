@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
 from ddp_tutorial.tensor_parallel.split_mlp import TOLERANCE, compare, make_mlp, one_process
 
@@ -235,10 +236,8 @@ def main() -> None:
         print(f"parallelize_module: all-reduces forward {split['collectives']['forward']}, backward "
               f"{split['collectives']['backward']}; equals one process: {split_diff < TOLERANCE}")
         ok = round_trips and split_diff < TOLERANCE and mesh_diff < TOLERANCE
-        print(f"{'OK' if ok else 'FAILED'}: a {info.world_size // tp_size} x {tp_size} (dp x tp) mesh trains "
-              f"ToyModel as one process does on the global batch of {global_batch}, to {TOLERANCE:g}")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"a {info.world_size // tp_size} x {tp_size} (dp x tp) mesh trains "
+                    f"ToyModel as one process does on the global batch of {global_batch}, to {TOLERANCE:g}")
 
 
 if __name__ == "__main__":

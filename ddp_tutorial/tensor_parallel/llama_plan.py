@@ -4,7 +4,9 @@
 says the same in a *plan*: a dict from submodule names to styles (torchtitan's Llama plan):
 
 - ``ColwiseParallel()`` for ``wq``/``wk``/``wv`` and ``w1``/``w3``: weights ``Shard(0)``, so
-  each rank's ``view(b, s, -1, head_dim)`` finds its own heads;
+  each rank's ``view(b, s, -1, head_dim)`` finds its own heads; with grouped-query attention
+  ``wk``/``wv`` hold ``kv_heads`` heads, and ``tp`` must divide them (``models.tp_heads``, checked
+  before the plan is applied: ``Shard(0)`` would otherwise cut a K/V head in two, silently);
 - ``RowwiseParallel(output_layouts=Shard(1))`` for ``wo`` and ``w2``: the partial sums are
   reduce-scattered onto sequence shards (SP's ``g``);
 - ``SequenceParallel()`` for the norms: they run on ``Shard(1)`` (seq/t positions);
@@ -28,7 +30,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.env import distributed
-from ddp_tutorial.models import TinyLlama
+from ddp_tutorial.launch.verdict import verdict
+from ddp_tutorial.models import TinyLlama, tp_heads
 from ddp_tutorial.tensor_parallel.device_mesh import mesh_device_type
 
 __all__ = ["llama_tp_plan", "make_llama", "llama_batch", "llama_one_process", "llama_plan_worker", "main"]
@@ -93,7 +96,11 @@ def llama_plan_worker(rank: int, world_size: int, seed: int = 0) -> dict:
     from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
 
     mesh = init_device_mesh(mesh_device_type(), (world_size,))
-    model = parallelize_module(make_llama(seed).to(mesh.device_type), mesh, llama_tp_plan(layers=1))
+    model = make_llama(seed)
+    attention = model.layers[0].attention
+    tp_heads(attention.wq.out_features // attention.head_dim, attention.wk.out_features // attention.head_dim,
+             world_size)  # tp | n_kv_heads, or a clear error
+    model = parallelize_module(model.to(mesh.device_type), mesh, llama_tp_plan(layers=1))
     tokens, targets = (t.to(mesh.device_type) for t in llama_batch())
     logits = model(tokens)
     with loss_parallel():  # cross_entropy on vocabulary shards; backward must run inside it too
@@ -130,11 +137,9 @@ def main() -> None:
     if info.is_main:
         diff = compare_llama(results, llama_one_process())
         ok = diff < 1e-5
-        print(f"{'OK' if ok else 'FAILED'}: TinyLlama through the TP + SP plan over {info.world_size} rank(s), loss by "
-              f"loss_parallel, equals one process (largest difference {diff:.1e}); logits per rank "
-              f"{result['local_logits']}, the loss's collectives {result['loss_collectives']}")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"TinyLlama through the TP + SP plan over {info.world_size} rank(s), loss by "
+                    f"loss_parallel, equals one process (largest difference {diff:.1e}); logits per rank "
+                    f"{result['local_logits']}, the loss's collectives {result['loss_collectives']}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """A Llama block split by hand: attention heads over ranks, then sequence parallelism (``20_long_sequences``).
 
 Lesson 15 split an MLP. A transformer block has two such pairs: the attention, whose
-``wq``/``wk``/``wv`` are column-parallel **by heads** (rank ``r`` holds heads ``r h/t ..
-(r+1) h/t``: heads are independent, so attention needs no communication) and ``wo``
+``wq``/``wk``/``wv`` are column-parallel **by heads** (rank ``r`` holds query heads ``r h/t ..
+(r+1) h/t`` and the K/V heads they share: ``t`` must divide ``kv_heads``, ``models.tp_heads``) and ``wo``
 row-parallel; and the MLP, ``w1``/``w3`` column-, ``w2`` row-parallel. Megatron's ``f``
 and ``g`` (``split_mlp``) wrap each pair: one all-reduce per pair each way.
 
@@ -29,7 +29,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.env import distributed, rank_device
-from ddp_tutorial.models import LlamaBlock
+from ddp_tutorial.launch.verdict import verdict
+from ddp_tutorial.models import LlamaBlock, tp_heads
 from ddp_tutorial.tensor_parallel.split_mlp import f, g, shard_range
 
 __all__ = ["GatherSequence", "ScatterSequence", "gather_sequence", "scatter_sequence", "TensorParallelBlock",
@@ -97,16 +98,16 @@ class TensorParallelBlock(nn.Module):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
         rank, t = dist.get_rank(group), dist.get_world_size(group)
-        heads = full.attention.wq.out_features // full.attention.head_dim
-        if heads % t:
-            raise ValueError(f"{heads} heads do not split over {t} ranks")
+        head_dim = full.attention.head_dim
+        tp_heads(full.attention.wq.out_features // head_dim, full.attention.wk.out_features // head_dim, t)
         self.attention_norm, self.ffn_norm = full.attention_norm, full.ffn_norm
         self.attention_dropout, self.ffn_dropout = full.attention_dropout, full.ffn_dropout
         self.attention, self.feed_forward = full.attention, full.feed_forward
         rows = shard_range(full.attention.wq.out_features, rank, t)  # my heads' rows: heads are contiguous
+        kv_rows = shard_range(full.attention.wk.out_features, rank, t)  # my K/V heads: the ones my q heads use
         units = shard_range(full.feed_forward.w1.out_features, rank, t)
         with torch.no_grad():
-            for lin, cut in ((self.attention.wq, rows), (self.attention.wk, rows), (self.attention.wv, rows),
+            for lin, cut in ((self.attention.wq, rows), (self.attention.wk, kv_rows), (self.attention.wv, kv_rows),
                              (self.feed_forward.w1, units), (self.feed_forward.w3, units)):
                 lin.weight = nn.Parameter(lin.weight[cut].clone())  # column-parallel: my output units
             for lin, cut in ((self.attention.wo, rows), (self.feed_forward.w2, units)):
@@ -132,17 +133,21 @@ def sync_norm_grads(block: TensorParallelBlock) -> None:
             dist.all_reduce(norm.weight.grad, group=block.group)
 
 
-def make_block(seed: int = 0, *, dim: int = 16, heads: int = 4, dropout: float = 0.0) -> LlamaBlock:
+DIM, HEADS, KV_HEADS = 32, 8, 4  # grouped-query attention: 2 query heads per K/V head; tp in 1, 2, 4
+
+
+def make_block(seed: int = 0, *, dim: int = DIM, heads: int = HEADS, kv_heads: int = KV_HEADS,
+               dropout: float = 0.0) -> LlamaBlock:
     """The whole block every rank (and the one process) builds from ``seed``."""
     torch.manual_seed(seed)
-    block = LlamaBlock(dim, heads, dropout=dropout)
+    block = LlamaBlock(dim, heads, kv_heads=kv_heads, dropout=dropout)
     with torch.no_grad():  # RMSNorm starts at ones: make its gradient's slices tell the ranks apart
         for norm in (block.attention_norm, block.ffn_norm):
             norm.weight.uniform_(0.5, 1.5)
     return block
 
 
-def block_input(batch: int = 2, seq: int = 8, dim: int = 16, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def block_input(batch: int = 2, seq: int = 8, dim: int = DIM, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The block's input and the weight ``w`` of the loss ``(out * w).sum()``."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(batch, seq, dim, generator=gen), torch.randn(batch, seq, dim, generator=gen)
@@ -286,10 +291,8 @@ def main() -> None:
             if info.is_main:
                 diff = compare_block(results, one_process_block(), sequence_parallel=sp)
                 ok = max(diff.values()) < 1e-5
-                print(f"{'OK' if ok else 'FAILED'}: Llama block, tensor parallel{' + sequence parallel' * sp} over "
-                      f"{info.world_size} rank(s) equals one process; collectives {result['collectives']}")
-                if not ok:
-                    raise SystemExit(1)
+                verdict(ok, f"Llama block, tensor parallel{' + sequence parallel' * sp} over "
+                            f"{info.world_size} rank(s) equals one process; collectives {result['collectives']}")
 
 
 if __name__ == "__main__":

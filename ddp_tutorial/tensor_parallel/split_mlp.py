@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import ToyModel
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
 
@@ -205,10 +206,8 @@ def main() -> None:
         ok = max(diff.values()) < TOLERANCE
         print(f"all-reduces per rank: forward {result['collectives']['forward']}, "
               f"backward {result['collectives']['backward']}")
-        print(f"{'OK' if ok else 'FAILED'}: ToyModel split over {info.world_size} rank(s) (net1 column-, net2 "
-              f"row-parallel) equals one process, outputs and gradients to {TOLERANCE:g}")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"ToyModel split over {info.world_size} rank(s) (net1 column-, net2 "
+                    f"row-parallel) equals one process, outputs and gradients to {TOLERANCE:g}")
 
 
 if __name__ == "__main__":

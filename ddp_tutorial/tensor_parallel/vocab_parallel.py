@@ -9,7 +9,8 @@ each. Split by vocabulary rows, rank ``r`` holds tokens ``r V/t .. (r+1) V/t``:
   needs three numbers per row, each a reduction over the vocabulary: the maximum (for a
   stable exp), the sum of exponentials and the target's logit (found on one rank only):
   three all-reduces of ``N`` numbers instead of gathering ``N x V`` logits. The gradient,
-  ``softmax - onehot``, is computed on each rank's own columns with no communication.
+  ``softmax - onehot``, is computed on each rank's own columns with no communication. Rows
+  whose target is ``ignore_index`` (-100, padding) are left out of the mean, as in torch.
 
 This is what ``torch.distributed.tensor.parallel.loss_parallel`` does for a DTensor of logits
 sharded on the vocabulary (``llama_plan``).
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.tensor_parallel.split_mlp import g, shard_range
 
 __all__ = ["vocab_parallel_embedding", "VocabParallelCrossEntropy", "vocab_parallel_cross_entropy",
@@ -41,10 +43,15 @@ def vocab_parallel_embedding(tokens: torch.Tensor, weight_shard: torch.Tensor, *
 
 
 class VocabParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of logits split by vocabulary, three all-reduces of one number per row."""
+    """Mean cross-entropy of logits split by vocabulary, three all-reduces of one number per row.
+
+    Rows whose target is ``ignore_index`` (padding) count for nothing, as in ``F.cross_entropy``:
+    the mean is over the other rows.
+    """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, group: dist.ProcessGroup | None,
+                ignore_index: int = -100) -> torch.Tensor:
         n, part = logits.shape
         start = dist.get_rank(group) * part
         top = logits.max(dim=-1).values  # the max's gradient is not needed: it cancels in the loss
@@ -53,33 +60,45 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         exp = shifted.exp()
         total = exp.sum(dim=-1)
         dist.all_reduce(total, group=group)
-        held = (targets >= start) & (targets < start + part)
+        counted = targets != ignore_index
+        held = (targets >= start) & (targets < start + part) & counted
         index = ((targets - start) * held).unsqueeze(-1)
         target_logit = shifted.gather(-1, index).squeeze(-1) * held  # zero where another rank holds it
         dist.all_reduce(target_logit, group=group)
-        ctx.save_for_backward(exp / total.unsqueeze(-1), index, held)
-        return (total.log() - target_logit).mean()
+        rows = counted.sum()  # the same on every rank: the targets are
+        ctx.save_for_backward(exp / total.unsqueeze(-1), index, held, counted, rows)
+        return ((total.log() - target_logit) * counted).sum() / rows
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        softmax, index, held = ctx.saved_tensors
+        softmax, index, held, counted, rows = ctx.saved_tensors
         onehot = torch.zeros_like(softmax).scatter_(-1, index, held.unsqueeze(-1).to(softmax.dtype))
-        return (softmax - onehot) * grad / softmax.shape[0], None, None  # my columns only: no communication
+        # my columns only: no communication; an ignored row gets no gradient
+        return (softmax - onehot) * counted.unsqueeze(-1) * grad / rows, None, None, None
 
 
 def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, targets: torch.Tensor, *,
-                                 group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """``F.cross_entropy(logits, targets)`` (the mean) from this rank's vocabulary columns ``(N, V/t)``."""
-    return VocabParallelCrossEntropy.apply(logits_shard, targets, group)
+                                 group: dist.ProcessGroup | None = None, ignore_index: int = -100) -> torch.Tensor:
+    """``F.cross_entropy(logits, targets, ignore_index=...)`` (the mean) from this rank's vocabulary
+    columns ``(N, V/t)``."""
+    return VocabParallelCrossEntropy.apply(logits_shard, targets, group, ignore_index)
+
+
+PADDED = 2  # rows of padding in every batch of ``vocab_inputs``
 
 
 def vocab_inputs(vocab: int = 12, dim: int = 4, rows: int = 10, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A table, tokens, logits and targets from ``seed``: every rank and the one process draw the same."""
+    """A table, tokens, logits and targets from ``seed``: every rank and the one process draw the same.
+
+    The last ``PADDED`` targets are ``-100``, padding: ``F.cross_entropy``'s default ``ignore_index``.
+    """
     gen = torch.Generator().manual_seed(seed)
+    targets = torch.randint(0, vocab, (rows,), generator=gen)
+    targets[-PADDED:] = -100
     return {"weight": torch.randn(vocab, dim, generator=gen, dtype=torch.float64),
             "tokens": torch.randint(0, vocab, (2, rows // 2), generator=gen),
             "logits": 3 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64),
-            "targets": torch.randint(0, vocab, (rows,), generator=gen)}
+            "targets": targets}
 
 
 def vocab_case(rank: int, world_size: int, vocab: int = 12) -> dict:
@@ -139,10 +158,8 @@ def main() -> None:
     if info.is_main:
         diff = compare_vocab(results, one_process_vocab(args.vocab))
         ok = diff < 1e-12
-        print(f"{'OK' if ok else 'FAILED'}: vocabulary split over {info.world_size} rank(s): embedding, loss and "
-              f"gradients equal one process (float64); the loss took {result['loss_collectives']} all-reduces")
-        if not ok:
-            raise SystemExit(1)
+        verdict(ok, f"vocabulary split over {info.world_size} rank(s): embedding, loss and "
+                    f"gradients equal one process (float64); the loss took {result['loss_collectives']} all-reduces")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
-"""Checkpoints that survive a crash: written by rank 0 atomically, read with ``weights_only``.
+"""Checkpoints that survive a crash: written by rank 0 atomically, sealed, read with ``weights_only``.
 
-Used by ``train`` (``--checkpoint PATH --resume``), ``09_torchrun`` (a run
+Used by ``train`` (``--checkpoint PATH --resume``), ``07_ddp_spawn``, ``09_torchrun`` (a run
 killed and restarted by ``torchrun --max-restarts``) and ``11_train_end_to_end``.
 
 - Only rank 0 writes: after DDP's all-reduce every rank holds the same weights,
   so one copy is enough, and two writers to one file would corrupt it.
-- Atomic: the state goes to a temporary file in the same directory, is flushed
-  to disk, then ``os.replace``-d over the old checkpoint. A crash at any moment
-  leaves either the old file or the new one, never half of one.
+- Atomic: the state goes to a temporary file of this process's own in the same directory,
+  is flushed to disk, then ``os.replace``-d over the old checkpoint, and the directory is
+  flushed too. A crash at any moment leaves either the old file or the new one, never half of one.
+- Sealed: a SHA-256 of the file is stored in it (``checkpoint_file``), so a damaged file
+  (cut short, one flipped bit) is refused in one line instead of resuming from changed weights.
 - ``torch.load(..., weights_only=True)`` unpickles only tensors and plain
   containers, so a tampered file cannot run code; ``map_location`` puts the
   tensors on this rank's device (rank 0 saved them from its own).
@@ -15,55 +17,57 @@ killed and restarted by ``torchrun --max-restarts``) and ``11_train_end_to_end``
 
 from __future__ import annotations
 
+import io
 import os
-import pickle
-import tempfile
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ddp_tutorial.training.checkpoint_file import (
+    CheckpointError,
+    fsync_directory,
+    make_folder,
+    read_bytes,
+    remove_stale,
+    seal,
+    temporary_name,
+    unseal,
+)
+
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "agree_to_resume", "capture_rng", "restore_rng",
            "same_weights"]
-
-
-class CheckpointError(ValueError):
-    """An unreadable checkpoint, or one from another model: a one-line message."""
 
 
 def save_checkpoint(state: dict[str, Any], path: str) -> str:
     """Write ``state`` to ``path`` atomically (temporary file + ``os.replace``); return ``path``.
 
-    Call it on rank 0 only.
+    Call it on rank 0 only. A file system error (a full disk, no permission) is a one-line
+    ``CheckpointError``, and the previous checkpoint stays as it was.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    data = seal(state)  # serialised first: a state that cannot be saved touches no file
+    directory = make_folder(path)
+    tmp = temporary_name(path)  # this process's own name: two runs on one path never touch each other's
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, path)
-    except BaseException:  # an exception or SystemExit (SIGTERM): leave no partial file behind
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _remove_stale(path, keep=tmp)
-    return path
-
-
-def _remove_stale(path: str, keep: str) -> None:
-    """Temporary files of writers that were SIGKILLed mid-write (only rank 0 writes, so none is live)."""
-    directory, name = os.path.split(os.path.abspath(path))
-    for entry in os.listdir(directory):
-        if entry.startswith(name + ".") and entry.endswith(".tmp") and entry != os.path.basename(keep):
+            with open(tmp, "xb") as f:  # the usual mode (0666 less the umask), where mkstemp gives 0600
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+            os.replace(tmp, path)
+        except BaseException:  # an exception or SystemExit (SIGTERM): leave no partial file behind
             try:
-                os.unlink(os.path.join(directory, entry))
+                os.unlink(tmp)
             except FileNotFoundError:
                 pass
+            raise
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {path}: {exc.strerror or exc} "
+                              "(the previous checkpoint, if any, is intact)") from None
+    fsync_directory(directory)  # the rename itself survives a power cut
+    remove_stale(path)
+    return path
 
 
 def agree_to_resume(path: str | None) -> bool:
@@ -86,21 +90,25 @@ def agree_to_resume(path: str | None) -> bool:
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu",
-                    expect: dict[str, Any] | None = None) -> dict[str, Any]:
+                    expect: dict[str, Any] | None = None, *, require: Iterable[str] = ()) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True``; ``expect`` maps keys to required values.
 
-    Anything that cannot be read safely, or does not match ``expect`` (say, a
-    checkpoint of another model), is a ``CheckpointError``.
+    Anything that cannot be read safely, whose checksum does not match, that lacks a key
+    in ``require`` or does not match ``expect`` (say, a checkpoint of another model) is a
+    one-line ``CheckpointError`` naming the file.
     """
+    data = unseal(read_bytes(path), path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"no checkpoint at {path}") from None
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - damaged bytes raise anything from zip, pickle or storage code
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"cannot load checkpoint {path}: {first}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} is not a training checkpoint (it holds a {type(state).__name__})")
+    missing = [key for key in (*require, *(expect or {})) if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} has no {', '.join(map(repr, missing))}: it was not written "
+                              "by this training program; delete it to start afresh")
     for key, wanted in (expect or {}).items():
         found = state.get(key)
         if found != wanted:

@@ -32,22 +32,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["PREEMPTED_EXIT_CODE", "StopRequest", "exit_on_sigterm", "partial_epoch", "resume_running"]
+__all__ = ["PREEMPTED_EXIT_CODE", "StopRequest", "signal_names", "exit_on_sigterm", "partial_epoch", "resume_running"]
 
 # EX_TEMPFAIL from sysexits.h: "temporary failure, try again later", which is what a
 # preempted job is. The job script requeues on exactly this code, and on no other.
 PREEMPTED_EXIT_CODE = 75
+UNCATCHABLE = ("KILL", "STOP")  # the kernel acts on these itself: no handler ever runs
 
 
 def signal_names(signames: str | Iterable[str] | None) -> tuple[str, ...]:
-    """``"usr1,SIGTERM"`` -> ``("USR1", "TERM")``; unknown names raise ``ValueError``."""
+    """``"usr1,SIGTERM"`` -> ``("USR1", "TERM")``; unknown or uncatchable names raise ``ValueError``."""
     if signames is None:
         return ()
     parts = signames.split(",") if isinstance(signames, str) else list(signames)
     names = tuple(p.strip().upper().removeprefix("SIG") for p in parts if p.strip())
     for name in names:
-        if not hasattr(signal, "SIG" + name):
+        # signal.Signals, not hasattr(signal, ...): SIG_DFL and SIG_IGN are module attributes, not signals
+        if "SIG" + name not in signal.Signals.__members__:
             raise ValueError(f"unknown signal {name!r}: use names like USR1, USR2 or TERM")
+        if name in UNCATCHABLE:
+            raise ValueError(f"SIG{name} cannot be caught, so a run cannot stop cleanly on it: "
+                             "use USR1, USR2 or TERM")
     return names
 
 

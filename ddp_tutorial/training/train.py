@@ -19,7 +19,6 @@ progress bar (on a terminal) and writes the checkpoint after every epoch.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -34,9 +33,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from ddp_tutorial.env import NotLaunchedError, distributed, local_rank, rank_info
+from ddp_tutorial.env import NotLaunchedError, distributed, rank_info
 from ddp_tutorial.launch import watched_live
-from ddp_tutorial.models import TRAIN_MODELS, build_model
+from ddp_tutorial.models import build_model
 from ddp_tutorial.training.checkpoint import (
     CheckpointError,
     agree_to_resume,
@@ -45,8 +44,18 @@ from ddp_tutorial.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from ddp_tutorial.training.data import DATASETS, DataError, load_dataset, make_loaders
+from ddp_tutorial.training.checkpoint_file import check_writable
+from ddp_tutorial.training.data import DataError, load_dataset, make_loaders
 from ddp_tutorial.training.evaluation import evaluate
+from ddp_tutorial.training.options import (
+    ConfigError,
+    TrainConfig,
+    build_parser,
+    check_config,
+    default_model,
+    parse_config,
+    report,
+)
 from ddp_tutorial.training.preemption import (
     PREEMPTED_EXIT_CODE,
     StopRequest,
@@ -56,43 +65,15 @@ from ddp_tutorial.training.preemption import (
 )
 from ddp_tutorial.training.reproducibility import deterministic_for, seed_everything
 
-__all__ = ["TrainConfig", "ConfigError", "train", "fit", "progress", "maybe_fail",
-           "default_model", "main"]
+# TrainConfig, ConfigError, build_parser and default_model live in ``options``; imported here, where
+# the notebooks and tests have always found them.
+__all__ = ["TrainConfig", "ConfigError", "build_parser", "default_model", "train", "fit", "progress",
+           "maybe_fail", "main"]
 
-DEFAULT_MODEL = {"digits": "cnn", "fake": "cnn", "cifar10": "resnet18"}
 FAILURE_EXIT_CODE = 13
-
-
-class ConfigError(ValueError):
-    """A bad option (unknown model, no epochs): a one-line message."""
-
-
-@dataclass
-class TrainConfig:
-    """Everything ``python -m ddp_tutorial.training.train`` accepts; the defaults reach >= 0.95 on digits."""
-
-    dataset: str = "digits"
-    data_dir: str | None = None
-    download: bool = False
-    model: str | None = None  # None: the dataset's usual model (DEFAULT_MODEL)
-    num_epochs: int = 8
-    batch_size: int = 32  # per process: the global batch is batch_size * world_size
-    lr: float = 0.05
-    momentum: float = 0.9
-    seed: int = 0
-    checkpoint: str | None = None
-    resume: bool = False
-    fail_at_step: int | None = None
-    num_samples: int = 2048  # fake data only
-    image_size: int = 32  # fake data only
-    workers: int = 0  # DataLoader worker processes per rank
-    deterministic: bool | None = None  # None: on a GPU, so runs repeat bitwise (lessons 09, 11); see deterministic_for
-    stop_on_signal: str | None = None  # "USR1": stop after the epoch; "USR1,TERM": TERM after the step (16_cluster)
-    log: bool = True
-
-
-def default_model(dataset: str) -> str:
-    return DEFAULT_MODEL.get(dataset, "cnn")
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
+# What build() reads back from a checkpoint (epoch_state writes them); model_name and dataset are compared.
+RESUME_KEYS = ("model", "optimizer", "rng", "epoch", "step", "history", "model_name", "dataset")
 
 
 @dataclass
@@ -114,11 +95,7 @@ class Setup:
 
 def build(config: TrainConfig, rank: int, world_size: int, device: torch.device) -> Setup:
     """Data, model (restored from the checkpoint with ``--resume``), DDP and optimizer for one rank."""
-    if config.num_epochs < 1:
-        raise ConfigError(f"--epochs must be at least 1, got {config.num_epochs}")
     model_name = config.model or default_model(config.dataset)
-    if model_name not in TRAIN_MODELS:
-        raise ConfigError(f"unknown model {model_name!r}; choose one of {', '.join(TRAIN_MODELS)}")
     seed_everything(config.seed, deterministic_for(config.deterministic, device.type), cuda=device.type == "cuda")
     spec = load_dataset(config.dataset, data_dir=config.data_dir, download=config.download, seed=config.seed,
                         num_samples=config.num_samples, image_size=config.image_size)
@@ -127,7 +104,7 @@ def build(config: TrainConfig, rank: int, world_size: int, device: torch.device)
     model = build_model(model_name, spec.in_channels, spec.num_classes).to(device)
     state = None
     if config.resume and agree_to_resume(config.checkpoint):  # rank 0's answer, on every rank
-        state = load_checkpoint(config.checkpoint, map_location=device,
+        state = load_checkpoint(config.checkpoint, map_location=device, require=RESUME_KEYS,
                                 expect={"model_name": model_name, "dataset": config.dataset})
         try:
             model.load_state_dict(state["model"])
@@ -169,6 +146,7 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
 
     A ``launch.spawn`` target, and the body of ``main()`` under torchrun or alone.
     """
+    check_config(config)
     previous = exit_on_sigterm()
     stop = StopRequest(config.stop_on_signal)
     try:
@@ -188,8 +166,6 @@ def train(rank: int, world_size: int, config: TrainConfig) -> dict:
 
 def fit(config: TrainConfig, rank: int, world_size: int, device: torch.device, attempt: int,
         stop: StopRequest | None = None) -> dict:
-    if config.stop_on_signal and not config.checkpoint:
-        raise ConfigError("--stop-on-signal needs --checkpoint: a run that stops early must leave one to resume from")
     stop = stop or StopRequest(None)
     setup = build(config, rank, world_size, device)
     log = print if (rank == 0 and config.log) else (lambda *a, **k: None)
@@ -267,61 +243,22 @@ def epoch_state(setup: Setup, epochs_done: int, step: int, config: TrainConfig, 
             "world_sizes": setup.world_sizes}
 
 
-def _speaks_for_node() -> bool:
-    """Local rank 0 reports for its node; with a broken launcher environment, every rank does."""
-    try:
-        return local_rank() == 0
-    except NotLaunchedError:
-        return True
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, printed once per node, instead of usage + error
-        if _speaks_for_node():
-            print(f"{self.prog}: error: {message}", file=sys.stderr)
-        self.exit(2)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    d = TrainConfig()
-    p = _Parser(prog="python -m ddp_tutorial.training.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", choices=DATASETS, default=d.dataset)
-    p.add_argument("--data-dir", default=d.data_dir, help="folder of the cifar10 data")
-    p.add_argument("--download", action="store_true",
-                   help="cifar10: download into --data-dir (local rank 0 first)")
-    p.add_argument("--model", choices=TRAIN_MODELS, default=None,
-                   help="default: cnn for digits and fake, resnet18 for cifar10")
-    p.add_argument("--epochs", dest="num_epochs", type=int, default=d.num_epochs, metavar="N")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="per process")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--momentum", type=float, default=d.momentum)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--checkpoint", metavar="PATH", help="written by rank 0 after every epoch")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint when it exists")
-    p.add_argument("--fail-at-step", type=int, metavar="N", help="the last rank crashes at step N (first attempt)")
-    p.add_argument("--num-samples", type=int, default=d.num_samples, help="fake: training images")
-    p.add_argument("--image-size", type=int, default=d.image_size, help="fake: image side")
-    p.add_argument("--workers", type=int, default=d.workers, help="DataLoader workers per process")
-    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=d.deterministic,
-                   help="deterministic cuDNN/cuBLAS kernels (default: on a GPU)")
-    p.add_argument("--stop-on-signal", metavar="SIG[,SIG]", help="USR1 (Slurm's --signal): finish the epoch; "
-                   "TERM (preemption, the time limit): finish the step; then checkpoint and exit "
-                   f"{PREEMPTED_EXIT_CODE} so the job script requeues")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    config = TrainConfig(**vars(build_parser().parse_args(argv)))
+    config = parse_config(argv)
     try:
         info = rank_info(module="ddp_tutorial.training.train")
+        if config.checkpoint and info.rank == 0:
+            check_writable(config.checkpoint)  # now, not after the first epoch has trained
         start = time.perf_counter()
         result = train(info.rank, info.world_size, config)
     except (ConfigError, DataError, CheckpointError, NotLaunchedError) as exc:
-        if _speaks_for_node():  # every rank fails alike: say it once per node
-            print(f"ddp_tutorial.training.train: error: {exc}", file=sys.stderr)
-        else:
-            time.sleep(1.0)  # torchrun stops the job at the first exit: let local rank 0 say why first
+        report(f"ddp_tutorial.training.train: error: {exc}")
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the group is left, DataLoader workers stop with their loader
+        saved = (f"the last checkpoint is {config.checkpoint}; add --resume to continue from it"
+                 if config.checkpoint and os.path.isfile(config.checkpoint) else "no checkpoint was saved")
+        report(f"ddp_tutorial.training.train: interrupted: {saved}")
+        return INTERRUPTED_EXIT_CODE
     if result["preempted"]:
         return PREEMPTED_EXIT_CODE  # on every rank: the job script requeues on this code
     if info.is_main:

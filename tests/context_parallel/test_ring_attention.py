@@ -13,13 +13,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ddp_tutorial.context_parallel.online_softmax import attend_block, merge_partials
 from ddp_tutorial.context_parallel.ring_attention import (
-    attend_block,
     block_pairs,
     chunk_ids,
     compare,
     loss_weight,
-    merge_partials,
     qkv_inputs,
     ring_attention,
     ring_worker,

@@ -8,6 +8,9 @@ from __future__ import annotations
 from exercise_mistakes import broken
 
 SCATTER = "        reduce_scatter_single(grad_shard, padded)  # my slice, summed over the ranks\n"
+SAVE = "        ctx.save_for_backward(x, shard)  # not the full weight: it is freed when forward returns\n"
+GATHER_AGAIN = ("        x, shard = ctx.saved_tensors\n"
+                "        weight = gathered_weight(shard, ctx.shape)  # the second all-gather\n")
 
 MISTAKES = {
     "zero3 all-reduces the full gradient, then slices": (
@@ -17,12 +20,30 @@ MISTAKES = {
                                 "        grad_shard = padded[dist.get_rank() * s:(dist.get_rank() + 1) * s]\n"),
         ["world of 1", "the numbers are right, but it all-reduces", "Reduce-scatter it"], 20),
     "zero3 keeps the full weight for backward": (
-        "zero3_linear", broken("zero3_linear", "        ctx.save_for_backward(x, shard)  # not the full weight: it is freed when forward returns\n",
-                                "        ctx.save_for_backward(x, weight)\n")
-        .replace("        x, shard = ctx.saved_tensors\n        weight = gathered_weight(shard, ctx.shape)  # the second all-gather\n",
-                 "        x, weight = ctx.saved_tensors\n        shard = ctx.shard\n")
+        "zero3_linear", broken("zero3_linear", SAVE, "        ctx.save_for_backward(x, weight)\n")
+        .replace(GATHER_AGAIN, "        x, weight = ctx.saved_tensors\n        shard = ctx.shard\n")
         .replace("        ctx.shape = shape\n", "        ctx.shape, ctx.shard = shape, shard\n"),
-        ["backward made no all-gather", "the full weight was kept from forward"], 20),
+        ["world of 1", "still alive", "saved for backward (ctx.save_for_backward)", "holds only its shard"], 20),
+    # the loophole of the review (lessons-17-19 section 4, 1.2): the full weight saved, and a gather thrown away
+    "zero3 saves the full weight and adds a throwaway all-gather in backward": (
+        "zero3_linear", broken("zero3_linear", SAVE, "        ctx.save_for_backward(x, shard, weight)\n")
+        .replace(GATHER_AGAIN, "        x, shard, weight = ctx.saved_tensors\n"
+                               "        gathered_weight(shard, ctx.shape)  # gathered, never used\n"),
+        ["world of 1", "still alive", "saved for backward (ctx.save_for_backward)", "holds only its shard"], 20),
+    "zero3 keeps the full weight on ctx and adds a throwaway all-gather": (
+        "zero3_linear", broken("zero3_linear", SAVE, "        ctx.save_for_backward(x, shard)\n        ctx.weight = weight\n")
+        .replace(GATHER_AGAIN, "        x, shard = ctx.saved_tensors\n"
+                               "        gathered_weight(shard, ctx.shape)  # gathered, never used\n"
+                               "        weight = ctx.weight\n"),
+        ["world of 1", "still alive", "kept outside autograd's saved tensors", "holds only its shard"], 20),
+    "zero3 caches a copy of the full weight in a module-level dict": (
+        "zero3_linear", broken("zero3_linear", SAVE, "        ctx.save_for_backward(x, shard)\n"
+                                                      "        CACHE[id(shard)] = weight.clone()\n")
+        .replace(GATHER_AGAIN, "        x, shard = ctx.saved_tensors\n"
+                               "        gathered_weight(shard, ctx.shape)  # gathered, never used\n"
+                               "        weight = CACHE.pop(id(shard))\n")
+        .replace("class GatheredLinear", "CACHE = {}\n\n\nclass GatheredLinear"),
+        ["world of 1", "still alive", "kept outside autograd's saved tensors", "holds only its shard"], 20),
     "zero3 sums instead of averaging": (
         "zero3_linear", broken("zero3_linear", "return grad_x, grad_shard / n, None", "return grad_x, grad_shard, None"),
         ["world of 2", "2 times the mean", "divide by the world size"], 20),
@@ -82,6 +103,10 @@ MISTAKES |= {
 
 # Other right answers (each must pass): (exercise, source, timeout in seconds)
 ALSO_RIGHT = {
+    "zero3_linear keeping the input and the shard as attributes of ctx": (
+        "zero3_linear", broken("zero3_linear", SAVE, "        ctx.x, ctx.shard = x, shard\n")
+        .replace(GATHER_AGAIN, "        x, shard = ctx.x, ctx.shard\n"
+                               "        weight = gathered_weight(shard, ctx.shape)\n"), 20),
     "load_resharded with get_state_dict and set_state_dict (lesson 18's TrainingState)": (
         "load_resharded", broken("load_resharded", LOAD,
                                  "    model_state, optim_state = get_state_dict(model, optimizer)\n"

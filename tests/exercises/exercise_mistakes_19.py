@@ -30,4 +30,7 @@ MISTAKES = {
     "a warm-up one forward too long": (
         "one_f_one_b_order", broken("one_f_one_b_order", WARMUP, WARMUP.replace("- 1 - stage", "- stage")),
         ["world of 1", "stage 0 holds 2 micro-batches' activations"], 30),
+    "a warm-up not capped at the number of micro-batches": (
+        "one_f_one_b_order", broken("one_f_one_b_order", WARMUP, "    warmup = num_stages - 1 - stage"),
+        ["world of 3", "1 micro-batches on 3 stages", "cap the warm-up at m: min(p - 1 - s, m)"], 30),
 }

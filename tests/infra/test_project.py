@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -105,7 +106,8 @@ def test_make_test_versions_pins_the_floors_and_runs_the_make_test_flags():
     assert done.returncode == 0, done.stderr
     plan = done.stdout
     pins = "torch==" + FLOORS["torch"] + ".* torchvision==" + FLOORS["torchvision"] + ".*"
-    assert "py='/opt/py-oldest'; pins=\"" + pins + "\"; runs=\"unit\"" in plan  # README: the oldest skips nbval
+    # README: the oldest compares only the notebooks that branch by release
+    assert "py='/opt/py-oldest'; pins=\"" + pins + "\"; runs=\"unit nbval-release\"" in plan
     assert "py='/opt/py-newest'; pins=\"--upgrade torch torchvision\"; runs=\"unit nbval\"" in plan
     assert plan.startswith("set -f;")  # the pins' * are not file patterns
     assert "sys.version_info[:2] != tuple(map(int, v)))'; then" in plan and 'v = "' + FLOORS["python"] + '"' in plan
@@ -114,8 +116,42 @@ def test_make_test_versions_pins_the_floors_and_runs_the_make_test_flags():
     xdist = unit.split(" -m pytest ")[1].split(" --durations")[0]
     nbval_flags = nbval.split(xdist)[1].split(" notebooks")[0]
     assert xdist.startswith("-n ") and "--nbval" in nbval_flags
-    assert plan.count(f"DDP_TUTORIAL_EXERCISES_FRESH=1 $venv/bin/python -m pytest {xdist} ") == 2
+    assert plan.count(f"DDP_TUTORIAL_EXERCISES_FRESH=1 $venv/bin/python -m pytest {xdist} ") == 3
     assert f"{nbval_flags} notebooks" in plan and " tests ||" in plan
+    assert f"{nbval_flags} notebooks/14_sharding.ipynb" in plan  # nbval-release: the listed notebooks
+
+
+# What makes a lesson's stored output depend on the torch release: code that asks which release runs,
+# or DCP, whose warnings changed between releases (2.9 prints TypedStorage's deprecation).
+BY_RELEASE = re.compile(r"older_than\(|runs_here\(|torch\.__version__|torch\.distributed\.checkpoint")
+LESSON_IMPORT = re.compile(r"(?:from|import) (ddp_tutorial(?:\.\w+)+)")
+
+
+def release_branching_notebooks() -> set[str]:
+    """Notebooks whose cells, or the lesson modules they import (one level down), match BY_RELEASE."""
+    def module_text(name: str) -> str:
+        path = ROOT / (name.replace(".", "/") + ".py")
+        if not path.is_file():
+            path = ROOT / name.replace(".", "/") / "__init__.py"
+        return path.read_text() if path.is_file() else ""
+
+    found = set()
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        code = "\n".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code")
+        modules = {m for m in LESSON_IMPORT.findall(code) if ".exercises" not in m and ".bench" not in m}
+        texts = [code] + [module_text(m) for m in modules]
+        texts += [module_text(d) for t in texts[1:] for d in LESSON_IMPORT.findall(t)]
+        if any(BY_RELEASE.search(t) for t in texts):
+            found.add(f"notebooks/{nb.name}")
+    return found
+
+
+def test_the_oldest_run_compares_every_notebook_that_branches_by_release():
+    listed = set(re.search(r"RELEASE_NOTEBOOKS := ((?:.*\\\n)*.*)", (ROOT / "Makefile").read_text())
+                 .group(1).replace("\\\n", " ").split())
+    found = release_branching_notebooks()
+    assert {"notebooks/19_pipeline_schedules.ipynb", "notebooks/22_capstone.ipynb"} <= found  # the finder finds
+    assert found <= listed, f"add to the Makefile's RELEASE_NOTEBOOKS: {sorted(found - listed)}"
 
 
 def test_make_test_versions_names_a_missing_interpreter():

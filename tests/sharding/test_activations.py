@@ -70,9 +70,12 @@ def test_checkpointing_keeps_less_and_changes_no_gradient():
     th = b * s * h * 4
     block = block_bytes(b, s, h, a)
     scores = b * a * s * s * 4
-    # selective keeps the block input (h), the matmuls' outputs: qkv (3h), probs·v (h), proj (h), up (4h),
-    # down (h), and q·kᵀ (a·s²); full keeps the block input only
-    want = {"none": layers * block, "selective": layers * (11 * th + scores), "full": layers * th}
+    # keep-matmuls keeps the block input (h), the matmuls' outputs: qkv (3h), probs·v (h), proj (h), up (4h),
+    # down (h), and q·kᵀ (a·s²); selective (Korthikanti's) all but the attention core's a·s² terms;
+    # full keeps the block input only
+    core = sum(v for k, v in block_terms(b, s, h, a).items() if "(a·s²)" in k)
+    want = {"none": layers * block, "selective": layers * (block - core), "keep-matmuls": layers * (11 * th + scores),
+            "full": layers * th}
     grads, flops = {}, {}
     for mode in want:
         torch.manual_seed(0)
@@ -88,13 +91,17 @@ def test_checkpointing_keeps_less_and_changes_no_gradient():
             warnings.simplefilter("ignore", FutureWarning)
             flops[mode] = step_flops(step)
         grads[mode] = [p.grad.clone() for p in model.parameters()]
-    for mode in ("selective", "full"):
+    for mode in ("selective", "keep-matmuls", "full"):
         assert all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads[mode], grads["none"])), mode
     torch.manual_seed(0)
     plain = TinyGPT(vocab, h, a, layers, dropout=0.1, attention="math")
     forward = step_flops(lambda: [blk(torch.randn(b, s, h)) for blk in plain.blocks])
-    assert flops["selective"] == flops["none"]  # every matmul kept: nothing FLOP-counted is run again
+    assert flops["keep-matmuls"] == flops["none"]  # every matmul kept: nothing FLOP-counted is run again
     assert flops["full"] == flops["none"] + forward  # each block's forward once more
+    # the attention core's q·kᵀ once more; not probs·v: its output is saved by nothing inside the checkpoint,
+    # and a non-reentrant checkpoint stops recomputing once backward has what it needs
+    q_k = 2 * b * a * s * s * (h // a)
+    assert flops["selective"] == flops["none"] + layers * q_k
 
 
 def test_block_keywords_keep_the_default_model():

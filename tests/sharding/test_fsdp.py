@@ -61,4 +61,4 @@ def test_module_runs_under_torchrun():
     # exits non-zero (TorchrunError) if a check fails or a rank aborts at exit (the gloo SIGABRT).
     # (python -m ddp_tutorial.sharding.zero shares env.distributed and its checks run in test_zero: one torchrun suffices)
     result = torchrun("ddp_tutorial.sharding.fsdp", nproc_per_node=2, timeout=100)
-    assert "OK (FSDP2 equals DDP and one process, 2 rank(s))" in result.output, result.output
+    assert "OK: FSDP2 equals DDP and one process, 2 rank(s)" in result.output, result.output

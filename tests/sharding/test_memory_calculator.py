@@ -1,6 +1,6 @@
-"""The memory calculator against bytes measured from real tensors, and mixed precision's bytes and limits.
+"""The memory calculator against bytes measured from real tensors (Korthikanti's Table 2: test_korthikanti.py).
 
-Covers ``ddp_tutorial.sharding.calculator``, ``ddp_tutorial.sharding.precision``.
+Covers ``ddp_tutorial.sharding.calculator``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import torch
 
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.models import TinyGPT, TinyTransformer, token_batch
-from ddp_tutorial.sharding.calculator import PRESETS, ModelShape, bytes_per_rank, main, num_params
+from ddp_tutorial.sharding.calculator import PRECISIONS, PRESETS, ModelShape, bytes_per_rank, main, num_params
 from ddp_tutorial.sharding.fsdp import all_footprints
-from ddp_tutorial.sharding.precision import MasterWeights, breaking_points, scaled_gradients, train_losses
-from ddp_tutorial.sharding.recompute import held_after_forward, recompute_blocks
+from ddp_tutorial.sharding.recompute import MODES, held_after_forward, recompute_blocks
 
 # (vocab, batch, seq, hidden, heads, layers)
 SHAPES = [(64, 3, 12, 32, 4, 2), (50, 1, 16, 24, 3, 3)]
@@ -28,8 +27,8 @@ def test_activations_equal_the_bytes_forward_leaves_alive(vocab, batch, seq, hid
     assert sum(p.numel() for p in TinyTransformer(vocab, hidden, heads, layers).parameters()) == \
         num_params(shape)[0] * layers + num_params(shape)[1]
     for attention, dropout in (("math", 0.1), ("math", 0.0), ("sdpa", 0.0)):
-        for recompute in ("none", "selective", "full"):
-            if attention == "sdpa" and recompute == "selective":
+        for recompute in MODES:
+            if attention == "sdpa" and recompute == "keep-matmuls":
                 continue  # the fused kernel is not a matmul to the policy: recomputed whole
             torch.manual_seed(0)
             model = TinyGPT(vocab, hidden, heads, layers, dropout=dropout, attention=attention)
@@ -62,43 +61,35 @@ def test_llama_8b_as_the_playbook_prints_it(capsys):
     zero3 = bytes_per_rank(PRESETS["llama-8b"], dp=8, zero=3)
     assert zero3["parameters"] * 8 >= one["parameters"] and zero3["total"] < one["total"]
     full = bytes_per_rank(PRESETS["llama-8b"], recompute="full")["activations"]
-    assert full < bytes_per_rank(PRESETS["llama-8b"], recompute="selective")["activations"] < one["activations"]
+    assert full < bytes_per_rank(PRESETS["llama-8b"], recompute="keep-matmuls")["activations"] < one["activations"]
+    # with a fused kernel Korthikanti's selective recomputes only the log-sum-exp: 4 bytes per query and head
+    selective = bytes_per_rank(PRESETS["llama-8b"], recompute="selective")["activations"]
+    assert one["activations"] - selective == 32 * 4 * 32 * 4096
     tp = bytes_per_rank(PRESETS["llama-8b"], tp=8)
     assert tp["activations"] * 8 == pytest.approx(one["activations"], rel=1e-6)
     main(["--model", "llama-8b", "--dp", "8", "--zero", "1", "--recompute", "full"])
     out = capsys.readouterr().out
     assert "8.03e9 parameters" in out and "activations" in out and "GiB" in out
+    main(["--model", "llama-8b", "--tp", "8", "--no-sp", "--recompute", "selective", "--precision", "megatron-bf16"])
+    assert "tp 8 (no sp)" in capsys.readouterr().out
     with pytest.raises(ValueError, match="zero must be 0-3"):
         bytes_per_rank(PRESETS["tiny"], zero=4)
 
 
-def test_mixed_precision_is_2_2_12_bytes_per_parameter_measured():
-    trainer = MasterWeights(TinyTransformer())
-    tokens, targets = token_batch(0, 1)
-    torch.nn.functional.cross_entropy(trainer.work(tokens), targets).backward()
-    trainer.step()
-    n = sum(p.numel() for p in trainer.master.parameters())
-    assert trainer.bytes() == {"bf16 parameters": 2 * n, "bf16 gradients": 2 * n, "fp32 master parameters": 4 * n,
-                               "Adam moments (fp32)": 8 * n}
-    # the working copy is the masters rounded to bf16
-    assert all(torch.equal(w, m.to(torch.bfloat16)) for w, m in zip(trainer.work.parameters(), trainer.master.parameters()))
-
-
-def test_where_each_format_breaks_and_loss_scaling():
-    got = breaking_points()
-    assert got["70000 (an activation past fp16's max)"]["float16"] == float("inf")
-    assert got["1e-8 (a small gradient)"]["float16"] == 0.0 and got["1e-8 (a small gradient)"]["bfloat16"] > 0
-    assert got["1 + 0.001 (a weight plus its update)"]["bfloat16"] == 1.0
-    assert got["257 (an integer past bf16's 8 bits)"]["bfloat16"] == 256.0
-    assert scaled_gradients(None)["grad"] == 0.0  # underflowed in fp16
-    assert scaled_gradients(2.0**14)["grad"] == pytest.approx(1e-8, rel=1e-3)
-    assert not scaled_gradients(2.0**17)["finite"]  # the scaled gradient overflowed fp16
-
-
-def test_bf16_autocast_loss_follows_fp32():
-    fp32, bf16 = train_losses(8), train_losses(8, autocast=True)
-    assert max(abs(a - b) for a, b in zip(fp32, bf16)) < 0.02
-    assert fp32 != bf16  # bf16 really ran
+def test_bytes_per_parameter_as_each_stack_holds_them():
+    llama = PRESETS["llama-8b"]
+    layer, outside = num_params(llama)
+    n = 32 * layer + outside
+    states = {name: sum(bytes_per_rank(llama, precision=name)[k] for k in ("parameters", "gradients",
+                                                                           "optimizer states"))
+              for name in PRECISIONS}
+    # ZeRO §3.1's 2 + 2 + 12, Megatron's fp32 main_grad (+2), FSDP2's fp32 shards with fp32 grads (4 + 4 + 8)
+    assert states == {"fp32": 16 * n, "bf16-mixed": 16 * n, "megatron-bf16": 18 * n, "fsdp2-bf16": 16 * n}
+    # the review's "about 15 GiB more for 8B" under Megatron's layout
+    assert round((states["megatron-bf16"] - states["bf16-mixed"]) / 2**30) == 15
+    fsdp2 = bytes_per_rank(llama, precision="fsdp2-bf16", dp=8, zero=3)
+    assert fsdp2["parameters"] == fsdp2["gradients"] == -(-4 * n // 8)  # fp32 shards, no bf16 copy kept
+    assert fsdp2["activations"] == bytes_per_rank(llama)["activations"]  # bf16 compute: 2-byte activations
 
 
 def test_zero_shards_model_state_over_dp_times_cp():

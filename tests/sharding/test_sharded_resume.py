@@ -24,3 +24,26 @@ def test_a_crash_resumes_to_the_uninterrupted_weights(tmp_path):
     reference = spawn(train_with_checkpoints, 2, args=(str(tmp_path / "straight"), 5), threads=1, timeout=100)
     assert reference[0]["resumed from"] is None
     assert f"weights {reference[0]['digest']}" in run.output  # bitwise the same parameters
+
+
+@pytest.mark.timeout(200)
+def test_each_rank_resumes_its_own_rng_and_data_position(tmp_path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from tests.sharding.resume_workers import resume_forgetting_rng
+
+    folder, forgot = str(tmp_path / "resumed"), str(tmp_path / "forgot")
+    for where in (folder, forgot):
+        spawn(train_with_checkpoints, 2, args=(where, 2), timeout=100)
+    # rank-specific keys: DCP would keep one copy of a key that every rank shares
+    keys = FileSystemReader(os.path.join(folder, "step-2")).read_metadata().state_dict_metadata
+    assert {f"app.{kind}.rank{r}" for kind in ("rng", "data") for r in (0, 1)} <= set(keys)
+    resumed = spawn(train_with_checkpoints, 2, args=(folder, 4), timeout=100)
+    straight = spawn(train_with_checkpoints, 2, args=(str(tmp_path / "straight"), 4), timeout=100)
+    assert [r["resumed from"] for r in resumed] == [2, 2]
+    for mine, reference in zip(resumed, straight):  # each rank: its own RNG stream and data position back
+        assert (mine["digest"], mine["rng"], mine["position"]) == (reference["digest"], reference["rng"], 4)
+    assert resumed[0]["rng"] != resumed[1]["rng"]  # the ranks' streams differ: one shared key could not hold both
+    # the same resume with a fresh RNG masks other tokens: not the weights of the run that never stopped
+    wrong = spawn(resume_forgetting_rng, 2, args=(forgot, 4), timeout=100)
+    assert wrong[0]["digest"] != straight[0]["digest"]

@@ -13,6 +13,7 @@ import torch
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.tensor_parallel.llama_plan import compare_llama, llama_one_process, llama_plan_worker
 from ddp_tutorial.tensor_parallel.sequence_parallel import (
+    DIM,
     activation_bytes,
     block_worker,
     compare_block,
@@ -44,7 +45,7 @@ def test_block_split_by_heads_with_and_without_sp_equals_one_process(n):
         # all-gather + reduce-scatter, plus one all-reduce per norm for its weight's gradient
         assert r["tp"]["collectives"] == {"allreduce_": 4}
         assert r["sp"]["collectives"] == {"allgather_": 4, "reduce_scatter_": 4, "allreduce_": 2}
-        assert r["sp"]["out"].shape == (2, 8 // n, 16)
+        assert r["sp"]["out"].shape == (2, 8 // n, DIM)
         # the norm/dropout regions keep 1/t of TP's bytes; the split linears' the same
         assert r["bytes_sp"]["norm/dropout"] * n == r["bytes_tp"]["norm/dropout"]
         assert r["bytes_sp"]["tensor parallel"] == r["bytes_tp"]["tensor parallel"]

@@ -1,4 +1,4 @@
-"""Lesson 18's second exercise, checked: a DCP checkpoint saved on 4 ranks, loaded on 1 and on 2 (resharding).
+"""Lesson 18's second exercise, checked: a DCP checkpoint saved on 4 ranks, loaded on 1, 2 and 3 (resharding).
 
 ``prepare`` (the parent, once per process) saves the checkpoint with the course's own
 ``sharded_checkpoint.train_and_save`` on 4 ranks, which returns the full values the ranks held
@@ -33,7 +33,7 @@ from ddp_tutorial.models import TinyTransformer
 from ddp_tutorial.sharding.fsdp import shard_model
 from ddp_tutorial.sharding.sharded_checkpoint import train_and_save
 
-SAVED_ON = 4  # ranks that save; the learner's function loads on 1 and on 2
+SAVED_ON = 4  # ranks that save; the learner's function loads on 1, 2 and 3 (uneven dim-0 shards: 32 rows as 11, 11, 10)
 STATE_DICT = "torch.distributed.checkpoint.state_dict"
 TARGETS = {
     "torch.load": ["torch:load"],

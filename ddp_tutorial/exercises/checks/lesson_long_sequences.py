@@ -3,23 +3,47 @@
 The reference is torch's ``scaled_dot_product_attention`` on the whole sequence, in one
 process, in float64: the checker draws the whole q, k, v from a seed on every rank and gives
 each rank its contiguous slice. Every message is recorded (``traced``): K/V only to the right
-neighbour and from the left one, ``N - 1`` hops' worth of elements; collectives are refused,
-so gathering the whole sequence is diagnosed, and so are the classic wrong merges.
+neighbour and from the left one, ``N - 1`` hops' worth of elements; collectives are refused
+(the exercise asks for the ring), and so are the classic wrong merges. A ``TorchDispatchMode``
+watches every tensor the learner's call makes: one whose last two dimensions reach the whole
+sequence (all the keys, or all the scores, held at once) fails, whatever the result. A float32
+case with scores near 100 overflows ``exp`` unless a running maximum (the lse) is kept.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
 from ddp_tutorial.exercises.tracing import COLLECTIVES, SENDS, Trace, traced
 
-RING_ONLY = ("pass the K/V blocks around the ring with isend/irecv: gathering every rank's keys is the "
-             "memory ring attention exists to avoid")
-# (batch, heads, positions per rank, head_dim)
-SHAPES = [(1, 1, 2, 3), (2, 3, 3, 4), (1, 2, 1, 2)]
+RING_ONLY = ("this exercise asks for the ring, K/V blocks passed with isend/irecv. Gathering every rank's "
+             "K/V is a valid design too (torch's context_parallel does it by default, Llama 3 trained with "
+             "it), at the memory of the whole sequence's keys on every rank; it is not this exercise")
+# (batch, heads, positions per rank, head_dim): head_dim never equals the whole sequence (N <= 4), so a
+# last dimension as long as the sequence can only be keys or scores
+SHAPES = [(1, 1, 2, 3), (2, 3, 3, 4), (1, 2, 1, 5)]
+LARGE = (1, 2, 3, 8)  # the float32 case: q scaled so that scores reach 100 and more on every rank
+SCALE = 60.0
+
+
+class WholeSequence(TorchDispatchMode):
+    """The first tensor (4-D or more: keys, values, scores) an op makes whose last two dimensions reach ``whole``."""
+
+    def __init__(self, whole: int):
+        super().__init__()
+        self.whole, self.seen = whole, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001  (torch's protocol)
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if self.seen is None and isinstance(t, torch.Tensor) and t.dim() >= 4 and self.whole in t.shape[-2:]:
+                self.seen = (str(func).split(".")[1] if "." in str(func) else str(func), tuple(t.shape))
+        return out
 
 
 def whole(shape: tuple[int, int, int, int], world_size: int, seed: int) -> list[torch.Tensor]:
@@ -29,7 +53,8 @@ def whole(shape: tuple[int, int, int, int], world_size: int, seed: int) -> list[
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-10, atol=1e-10)
+    tol = 1e-10 if a.dtype == torch.float64 else 1e-4
+    return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
 
 
 def blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -44,6 +69,7 @@ def blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> list[tu
 
 def explain(got: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, n: int) -> str | None:
     """None if ``got`` is this rank's rows of SDPA on the whole sequence; else what it is instead."""
+    q, k, v = (t.double() for t in (q, k, v))  # the reference in float64 whatever the case's dtype
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     if not isinstance(got, torch.Tensor):
         return f"returned {type(got).__name__}, not the output tensor"
@@ -52,6 +78,9 @@ def explain(got: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank
         return f"the output has shape {tuple(got.shape)}, expected {tuple(want.shape)}: the same as q"
     if close(got, want):
         return None
+    if not torch.isfinite(got).all():
+        return ("the output holds inf or NaN on scores near 100 in float32: exp(100) overflows. Keep each "
+                "block's lse = logsumexp(s) (a running maximum) and exponentiate s - lse, never s itself")
     parts = blocks(q, k, v, n)
     if n > 1 and close(got, parts[rank][0]):
         return ("the output is attention over this rank's own keys only: the other ranks' K/V blocks never "
@@ -89,11 +118,20 @@ def ring_attention_forward_worker(rank: int, world_size: int, source: str, funct
     with traced(rank, trace_dir, forbid=COLLECTIVES, reason=RING_ONLY) as trace:
         fn = load_function(source, function, refuse=("ddp_tutorial.context_parallel",))
 
-        def case(shape: tuple[int, int, int, int], seed: int) -> str | None:
+        def case(shape: tuple[int, int, int, int], seed: int, dtype: torch.dtype = torch.float64) -> str | None:
             q, k, v = whole(shape, world_size, seed)
+            if dtype != torch.float64:
+                q, k, v = (q * SCALE).to(dtype), k.to(dtype), v.to(dtype)
             mine = [t.chunk(world_size, dim=2)[rank] for t in (q, k, v)]
             args = [t.clone().to(rank_device()) for t in mine]
-            got = fn(*args)
+            watch = WholeSequence(shape[2] * world_size)
+            with watch:
+                got = fn(*args)
+            if world_size > 1 and watch.seen:
+                op, seen = watch.seen
+                return (f"{op} made a tensor of shape {seen}: {shape[2] * world_size} positions, the whole "
+                        "sequence's keys (or scores) held at once on one rank. Keep one K/V block at a time and "
+                        "merge each block's result into the running one with the log-sum-exp rule")
             wrong = explain(got, mine[0], k, v, rank, world_size)
             if wrong:
                 return wrong
@@ -103,6 +141,8 @@ def ring_attention_forward_worker(rank: int, world_size: int, source: str, funct
 
         cases: list[Case] = [(f"q, k, v of shape {shape} per rank", lambda s=shape, i=i: case(s, i))
                              for i, shape in enumerate(SHAPES)]
+        cases.append((f"float32 q, k, v of shape {LARGE} per rank, scores near 100",
+                      lambda: case(LARGE, len(SHAPES), torch.float32)))
         return run_cases(trace, cases)
 
 
@@ -121,8 +161,10 @@ EXERCISES = [
                     "s = q @ k_b.transpose(-2, -1) / sqrt(d); lse_b = logsumexp(s, -1); "
                     "o_b = exp(s - lse_b) @ v_b. Start with out = 0 and lse = -inf; new = logaddexp(lse, lse_b); "
                     "out = out * exp(lse - new) + o_b * exp(lse_b - new); lse = new."),
-        checks=("three shapes in float64 (one position per rank among them), compared with "
-                "scaled_dot_product_attention on the whole sequence in one process; messages only to the "
+        checks=("three shapes in float64 (one position per rank among them) and one in float32 with scores "
+                "near 100 (no running maximum overflows), compared with "
+                "scaled_dot_product_attention on the whole sequence in one process; no tensor as long as the "
+                "whole sequence in its last two dimensions (all the keys or scores at once); messages only to the "
                 "right neighbour and from the left one, N - 1 hops of one K and one V block; collectives "
                 "refused; the arguments unchanged; ddp_tutorial.context_parallel is refused"),
         worker=ring_attention_forward_worker),

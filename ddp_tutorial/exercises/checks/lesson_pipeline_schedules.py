@@ -82,7 +82,7 @@ def on_paper(orders: list[list[str]], num_micro: int) -> str | None:
 
 
 def one_f_one_b_order_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
-    """Micro-batch counts p and 2p + 1; this rank is stage ``rank`` of ``world_size``."""
+    """Micro-batch counts 1, p - 1, p and 2p + 1; this rank is stage ``rank`` of ``world_size``."""
     # nothing forbidden: the order is plain data, and the checker's own all_gather_object would trip it
     with traced(rank, trace_dir) as trace:
         fn = load_function(source, function, refuse=REFUSED)
@@ -92,19 +92,22 @@ def one_f_one_b_order_worker(rank: int, world_size: int, source: str, function: 
             problem = well_formed(order, num_micro)
             orders: list = [None] * world_size
             original("all_gather_object")(orders, None if problem else order)
+            if problem and num_micro < world_size - 1 - rank:  # a warm-up longer than the micro-batches
+                problem += (f"; with {num_micro} micro-batch(es), fewer than this stage's p - 1 - s = "
+                            f"{world_size - 1 - rank} warm-up forwards, cap the warm-up at m: min(p - 1 - s, m)")
             if problem:
                 return f"stage {rank}: {problem}"
             if any(o is None for o in orders):
                 return None  # another stage's order is malformed: its rank says how
             problem = on_paper(orders, num_micro)
-            return problem or run_for_real(order, num_micro, trace)
+            return problem or run_for_real(orders, num_micro, trace)
 
-        def run_for_real(order: list[str], num_micro: int, trace: Trace) -> str | None:
+        def run_for_real(orders: list[list[str]], num_micro: int, trace: Trace) -> str | None:
             device = rank_device()
             module, first = stage_module(build_layers(2 * world_size), rank, world_size)
             x, y = toy_batch(0, num_micro * ROWS, 0, WIDTH, OUT_FEATURES)
-            loss = run_order(module.to(device), order, x.to(device).split(ROWS), ys=y.to(device).split(ROWS),
-                             stage=rank, num_stages=world_size, recorder=Recorder(rank))
+            loss = run_order(module.to(device), orders, x.to(device).split(ROWS), ys=y.to(device).split(ROWS),
+                             stage=rank, recorder=Recorder(rank))
             messages = sum(c.kind in ("isend", "irecv") for c in trace.calls)
             want = 2 * num_micro * ((rank > 0) + (rank < world_size - 1))
             if messages != want:
@@ -117,8 +120,9 @@ def one_f_one_b_order_worker(rank: int, world_size: int, source: str, function: 
                 return f"the last stage's loss {loss.item():.6g} is not one process's {reference['loss']:.6g}"
             return None
 
-        cases: list[Case] = [(f"{m} micro-batches on {world_size} stages", lambda m=m: case(m))
-                             for m in (world_size, 2 * world_size + 1)]
+        # fewer micro-batches than stages (1, p - 1) too: there the warm-up must stop at m
+        counts = sorted({1, world_size - 1, world_size, 2 * world_size + 1} - {0})
+        cases: list[Case] = [(f"{m} micro-batches on {world_size} stages", lambda m=m: case(m)) for m in counts]
         report = run_cases(trace, cases)
         dist.barrier()
         return report
@@ -136,7 +140,7 @@ EXERCISES = [
               "backward, a cool-down of backwards only. The last stage needs no warm-up."),
         more_hints=("The warm-up of stage s is p - 1 - s forwards (never more than m). In the steady state the "
                     "backward that follows F<i> is the oldest one still open: B<i - warm-up>.",),
-        checks=("micro-batch counts p and 2p + 1 on 1, 2 and 3 stages: each F and B once, F first; the orders "
+        checks=("micro-batch counts 1, p - 1, p and 2p + 1 on 1, 2 and 3 stages: each F and B once, F first; the orders "
                 "simulated together (a deadlock named by stage, step and what it waits for); at most p - s held "
                 "by stage s; no longer than m + p - 1 slots; then run with isend/irecv and the gradients and "
                 "loss compared with one process (1e-12)"),

@@ -6,19 +6,30 @@ rank's batch, each rank's loss divided by N (the mean DDP trains on). After one 
 checker compares this rank's ``shard.grad`` with the reference gradient's padded slice ``r``
 (which names a sum for a mean, a missing reduce-scatter, a wrong slice or shape) and ``x.grad``
 with the reference's. The collectives are recorded by phase: one all-gather per layer in
-forward, one all-gather and one reduce-scatter per layer in backward, no all-reduce (an
-all-gather missing from backward means the full weight was kept from forward: not ZeRO-3).
+forward, one all-gather and one reduce-scatter per layer in backward, no all-reduce. What
+forward leaves alive is measured before backward runs (``KeptStorages``: every storage an op
+creates in forward, by weak reference, and what autograd saves): a full weight still alive then
+(saved with ``ctx.save_for_backward``, an attribute of ``ctx``, a copy, a module-level cache)
+fails with the bytes, whatever backward does afterwards (a second all-gather whose result is
+thrown away included): ZeRO-3 is what a rank does *not* hold between forward and backward.
 """
 
 from __future__ import annotations
 
+import gc
+import time
+
 import torch
+import torch.distributed as dist
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.checks.checkpoint_loading import load_resharded_worker, prepare
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
-from ddp_tutorial.exercises.tracing import ALL_GATHERS, COLLECTIVES, REDUCE_SCATTERS, Call, traced
+from ddp_tutorial.exercises.tracing import ALL_GATHERS, COLLECTIVES, REDUCE_SCATTERS, Call, original, traced
 
 SHAPES = ((5, 4), (3, 5))  # 20 and 15 elements: padded over 3 ranks
 BATCHES = (2, 3)  # rows per rank
@@ -40,6 +51,67 @@ def piece(full: torch.Tensor, rank: int, n: int) -> torch.Tensor:
     padded = torch.zeros(s * n, dtype=full.dtype)
     padded[:full.numel()] = full.reshape(-1)
     return padded[rank * s:(rank + 1) * s]
+
+
+class KeptStorages(TorchDispatchMode):
+    """Every storage an op creates while active, by weak reference; and, with ``saved_tensors_hooks``,
+    the storages autograd saves for backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: dict[int, StorageWeakRef] = {}
+        self.saved: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001  (torch's protocol)
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                # the latest storage at an address: an earlier one there was freed before it came
+                self.refs[t.untyped_storage().data_ptr()] = StorageWeakRef(t.untyped_storage())
+        return out
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.saved.add(tensor.untyped_storage().data_ptr())
+        return tensor
+
+    def alive(self, besides: list[torch.Tensor], *, at_least: int) -> list[tuple[int, bool]]:
+        """``(bytes, saved by autograd)`` of each storage of ``at_least`` bytes still alive and not under
+        ``besides``. A gloo collective's work object lets go of its tensors a moment after it returns
+        (in gloo's own thread): what is still alive after a second is kept."""
+        for _ in range(100):
+            gc.collect()  # what only a reference cycle keeps is not kept for backward
+            found = [(size, saved) for size, saved in self.storages(besides) if size >= at_least]
+            if not found:
+                return []
+            time.sleep(0.01)
+        return found
+
+    def storages(self, besides: list[torch.Tensor]) -> list[tuple[int, bool]]:
+        mine = {t.untyped_storage().data_ptr() for t in besides}
+        out = []
+        for ptr, ref in self.refs.items():
+            if ptr and ptr not in mine and not ref.expired():
+                size = torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()  # now: a resize_(0) frees
+                if size:
+                    out.append((size, ptr in self.saved))
+        return out
+
+
+def kept_weight(kept: KeptStorages, besides: list[torch.Tensor], itemsize: int) -> str | None:
+    """A diagnosis when forward left a full weight's bytes alive for backward, the same on every rank."""
+    big = kept.alive(besides, at_least=min(out * inp for out, inp in SHAPES) * itemsize)
+    every = [None] * dist.get_world_size()
+    original("all_gather_object")(every, big)  # one verdict for all: a rank that stops alone would hang the rest
+    big = next((b for b in every if b), [])
+    if not big:
+        return None
+    weights = " and ".join(f"{o} x {i} = {o * i * itemsize} B" for o, i in SHAPES)
+    how = ("saved for backward (ctx.save_for_backward)" if any(saved for _, saved in big) else
+           "kept outside autograd's saved tensors (an attribute of ctx, a copy, a global or module-level cache)")
+    return (f"after forward, before any backward, {sum(size for size, _ in big)} B that forward created are still "
+            f"alive besides the layers' outputs: the full weights ({weights}) {how}. Between forward and "
+            "backward a ZeRO-3 rank holds only its shard (and the input); the full weight must be freed when "
+            "forward returns, so every rank's memory is 1/N of the weights, whatever backward does later")
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -95,8 +167,9 @@ def wrong_collectives(calls: list[Call], layers: int, n: int) -> str | None:
     if len(forward) != layers:
         return f"forward made {len(forward)} all-gathers for {layers} layers: one per layer, just before it computes"
     if not gathers:
-        return ("backward made no all-gather: the full weight was kept from forward (saved for backward), so every "
-                "rank holds every full weight until backward: ZeRO-3 saves the shard and gathers again")
+        return ("backward made no all-gather, yet it had the full weight: it was kept from forward in a form the "
+                "checker could not measure, so every rank holds every full weight until backward. Keep only the "
+                "input and the shard between forward and backward")
     if len(gathers) != layers or len(scatters) != layers:
         return (f"backward made {len(gathers)} all-gathers and {len(scatters)} reduce-scatters for {layers} layers: "
                 "one of each per layer")
@@ -115,10 +188,17 @@ def zero3_linear_worker(rank: int, world_size: int, source: str, function: str, 
             x, target = (t.to(device) for t in batch(seed, rank, rows))
             x.requires_grad_()
             trace.phase = "forward"
-            hidden = fn(x, shards[0], SHAPES[0])
-            out = fn(torch.tanh(hidden), shards[1], SHAPES[1])
+            kept = KeptStorages()
+            with torch.autograd.graph.saved_tensors_hooks(kept.pack, lambda t: t), kept:
+                hidden = fn(x, shards[0], SHAPES[0])
+                act = torch.tanh(hidden)
+                out = fn(act, shards[1], SHAPES[1])
             if not isinstance(out, torch.Tensor) or out.shape != (rows, SHAPES[-1][0]):
                 return f"{function} returned {type(out).__name__} of the wrong shape: expected ({rows}, ...)"
+            trace.phase = ""  # the checker's own all_gather_object below is not the learner's
+            wrong = kept_weight(kept, [x, target, *shards, hidden, act, out], x.element_size())
+            if wrong:
+                return wrong
             trace.phase = "backward"
             ((out - target) ** 2).mean().backward()
             trace.phase = ""
@@ -153,12 +233,13 @@ EXERCISES = [
              "(grad_x, out / n, None) from backward: one gradient per forward input, None for the shape.")),
         checks=("a two-layer tanh network (5 x 4 and 3 x 5 weights: padded over 3 ranks), 2 and 3 rows per "
                 "rank, float64; shard.grad against one process's mean gradient (its padded piece r) and x.grad "
-                "against one process's; one all-gather per layer in forward, one all-gather and one "
+                "against one process's; the bytes forward leaves alive (no full weight kept for backward, "
+                "saved, on ctx or cached); one all-gather per layer in forward, one all-gather and one "
                 "reduce-scatter per layer in backward, no all-reduce"),
         worker=zero3_linear_worker),
     Exercise(
         name="load_resharded", number="18.2", lesson=18, notebook="18_zero3_and_checkpoints.ipynb",
-        title="a resharding load: a DCP checkpoint saved on 4 ranks, loaded on 1 and on 2", level="medium",
+        title="a resharding load: a DCP checkpoint saved on 4 ranks, loaded on 1, 2 and 3", level="medium",
         task=("Load a DCP checkpoint that 4 ranks saved (model and Adam, sharded by FSDP2) into a model and an "
               "optimizer sharded over this world's ranks, so that each rank reads only its own new shards and "
               "no rank ever holds a whole tensor."),
@@ -170,12 +251,13 @@ EXERCISES = [
              "set_optimizer_state_dict(model, optimizer, state[\"optim\"]) (all from "
              "torch.distributed.checkpoint.state_dict)."),),
         checks=("a TinyTransformer and Adam trained 2 steps and saved on 4 ranks by the course's own code; "
-                "loaded into a model from another seed and an Adam with another lr, every parameter and Adam "
+                "loaded on 1, 2 and 3 ranks (on 3, FSDP2's dim-0 shards are uneven: 32 rows as 11, 11, 10) "
+                "into a model from another seed and an Adam with another lr, every parameter and Adam "
                 "state tensor gathered and compared bit for bit, and the lr; torch.load, dcp.load, the "
                 "get_/set_ state-dict functions (with their options) and your own collectives recorded: a single-"
                 "file torch.load on every rank, rank 0 loading and broadcasting, weights_only=False or a state "
                 "dict never set back fail even with the right numbers"),
-        worker=load_resharded_worker, world_sizes=(1, 2), prepare=prepare,
+        worker=load_resharded_worker, world_sizes=(1, 2, 3), prepare=prepare,
         hang_hint=("a hang: dcp.load and the get_/set_ state-dict functions are collectives, so every rank must "
                    "make the same calls in the same order; a call made on rank 0 only waits forever for the others")),
 ]

@@ -11,8 +11,10 @@ each an ``all_to_all_single``:
 3. **combine**: after ``compute``, the results go back with the two lists swapped, and land in
    the sorted order: ``out[order] = back`` puts each in its own row again.
 
-``ddp_tutorial.expert_parallel.dispatch`` does the same for a mixture-of-experts layer, with a
-gradient (``AllToAll``).
+Steps 2 and 3 carry a gradient: ``Exchange`` is an autograd function whose backward is the same
+all-to-all with the split sizes swapped. Every rank runs both backwards, also one that sent or
+received no row: its peers wait in them. ``ddp_tutorial.expert_parallel.dispatch`` does the same
+for a mixture-of-experts layer (``AllToAll``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,21 @@ import torch
 import torch.distributed as dist
 
 
+class Exchange(torch.autograd.Function):
+    """``dist.all_to_all_single`` by split sizes; backward sends the gradients back, the sizes swapped."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        ctx.send, ctx.recv = send, recv
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return Exchange.apply(grad, ctx.recv, ctx.send), None, None
+
+
 def dispatch_combine(x: torch.Tensor, destination: torch.Tensor,
                      compute: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Send row ``x[i]`` to rank ``destination[i]``, apply ``compute`` there, return the results in place of the rows.
@@ -31,9 +48,10 @@ def dispatch_combine(x: torch.Tensor, destination: torch.Tensor,
     rank may send no row at all, or all of them to one rank. Every rank calls
     ``compute(received)`` once, on all the rows that arrived (rows, features) in any order; it
     works row by row and returns a tensor of the same shape. Return ``out``, shaped like ``x``,
-    where ``out[i]`` is what ``compute`` on rank ``destination[i]`` made of ``x[i]``. Use
-    ``dist.all_to_all_single`` only: one for the counts, one to send the rows, one to bring
-    the results back.
+    where ``out[i]`` is what ``compute`` on rank ``destination[i]`` made of ``x[i]``, with a
+    gradient: backward through ``out`` brings each row's gradient home to ``x`` (and to what
+    ``compute`` used), on every rank. Use ``dist.all_to_all_single`` only: one for the counts,
+    one to send the rows, one to bring the results back; in backward, the last two reversed.
     """
     n = dist.get_world_size()
     order = torch.argsort(destination, stable=True)  # by destination rank: the parts of the send buffer
@@ -41,11 +59,6 @@ def dispatch_combine(x: torch.Tensor, destination: torch.Tensor,
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts)  # step 1: who sends me how many
     send, recv = send_counts.tolist(), recv_counts.tolist()
-    received = x.new_empty((sum(recv), *x.shape[1:]))
-    dist.all_to_all_single(received, x[order], output_split_sizes=recv, input_split_sizes=send)
-    done = compute(received)
-    back = torch.empty_like(x)
-    dist.all_to_all_single(back, done.contiguous(), output_split_sizes=send, input_split_sizes=recv)
-    out = torch.empty_like(x)
-    out[order] = back  # back is in sorted order: undo the sort
-    return out
+    received = Exchange.apply(x[order], send, recv)  # step 2: uneven parts
+    back = Exchange.apply(compute(received), recv, send)  # step 3: the sizes swapped
+    return back[torch.argsort(order)]  # back is in sorted order: undo the sort

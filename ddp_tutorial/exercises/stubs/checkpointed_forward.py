@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 
 def checkpointed_forward(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
@@ -21,8 +20,8 @@ def checkpointed_forward(blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor
     The result and, after ``backward()``, every gradient (of ``x`` and of the blocks'
     parameters) must equal those of the plain loop ``for block in blocks: x = block(x)``,
     dropout included. What forward leaves alive for backward must be no more than the
-    blocks' inputs (one (batch, seq, hidden) tensor per block): wrap each block in
-    ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, once per block.
+    blocks' inputs (one (batch, seq, hidden) tensor per block), and backward must never hold
+    more than one block's rebuilt activations at a time (the checker measures both, in bytes).
     """
     # Your code here; the checker calls checkpointed_forward(blocks, x) on every rank.
     raise NotImplementedError(

@@ -24,9 +24,10 @@ def dispatch_combine(x: torch.Tensor, destination: torch.Tensor,
     rank may send no row at all, or all of them to one rank. Every rank calls
     ``compute(received)`` once, on all the rows that arrived (rows, features) in any order; it
     works row by row and returns a tensor of the same shape. Return ``out``, shaped like ``x``,
-    where ``out[i]`` is what ``compute`` on rank ``destination[i]`` made of ``x[i]``. Use
-    ``dist.all_to_all_single`` only: one for the counts, one to send the rows, one to bring
-    the results back.
+    where ``out[i]`` is what ``compute`` on rank ``destination[i]`` made of ``x[i]``, with a
+    gradient: backward through ``out`` brings each row's gradient home to ``x`` (and to what
+    ``compute`` used), on every rank. Use ``dist.all_to_all_single`` only: one for the counts,
+    one to send the rows, one to bring the results back; in backward, the last two reversed.
     """
     # Your code here; the checker calls dispatch_combine(x, destination, compute) on every rank.
     raise NotImplementedError(

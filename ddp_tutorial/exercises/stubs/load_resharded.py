@@ -1,4 +1,4 @@
-"""Exercise 18.2 (medium), lesson 18_zero3_and_checkpoints.ipynb: a resharding load: a DCP checkpoint saved on 4 ranks, loaded on 1 and on 2.
+"""Exercise 18.2 (medium), lesson 18_zero3_and_checkpoints.ipynb: a resharding load: a DCP checkpoint saved on 4 ranks, loaded on 1, 2 and 3.
 
 Write load_resharded() below (its docstring is the contract: what must hold), then check it:
     check("load_resharded")                                 in the notebook
@@ -27,7 +27,8 @@ def load_resharded(model: nn.Module, optimizer: torch.optim.Optimizer, path: str
     The checkpoint was saved by another number of ranks (4) as
     ``dcp.save({"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt)}, ...)``
     (``sharding.sharded_checkpoint.train_and_save``). ``model`` is sharded with FSDP2 over
-    this world (1 or 2 ranks), ``optimizer`` a fresh Adam over its parameters. Afterwards:
+    this world (1, 2 or 3 ranks: on 3 each tensor's dim-0 shards are uneven, 32 rows as 11, 11
+    and 10), ``optimizer`` a fresh Adam over its parameters. Afterwards:
     - every parameter, gathered, equals the saved one bit for bit, and so does Adam's state
       (``exp_avg``, ``exp_avg_sq``, ``step``) and its ``lr`` (the checkpoint's, not the
       optimizer's own);

@@ -24,7 +24,8 @@ def ring_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     of ``scaled_dot_product_attention`` on the whole sequence, computed block by block: K/V
     blocks passed around the ring with point-to-point messages (to ``rank + 1``, from
     ``rank - 1``; ``N - 1`` hops, no collectives), each block's result merged into the running
-    one with the log-sum-exp rule, without ever holding the whole sequence's keys. Leave the
+    one with the log-sum-exp rule, without ever holding the whole sequence's keys or scores. Scores
+    may be large (about 100, in float32): never exponentiate one without subtracting an lse. Leave the
     arguments unchanged. The merge's formulas, step by step: ``show("ring_attention_forward", hint=1)``, 2, 3.
     """
     # Your code here; the checker calls ring_attention_forward(q, k, v) on every rank.

@@ -1,0 +1,75 @@
+"""The training command line's bad inputs as a user meets them: real processes, one line each (issue 38).
+
+``bad_inputs.CASES`` is the table; this file runs it, and Ctrl-C and torchrun, under ``make test-slow``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import bad_inputs
+import pytest
+
+from ddp_tutorial.launch import torchrun
+
+pytestmark = pytest.mark.slow
+COMMAND = [sys.executable, "-m", "ddp_tutorial.training.train"]
+
+
+@pytest.mark.timeout(300)  # a torch import alone took 30-90 s on 2 cores shared by 7 test runs
+@pytest.mark.parametrize("case", bad_inputs.CASES, ids=[case.name for case in bad_inputs.CASES])
+def test_a_bad_input_is_one_line_and_its_exit_code(case, tmp_path):
+    if case.skip:
+        pytest.skip(case.skip)
+    done = subprocess.run([*COMMAND, "--epochs", "1", *case.args(tmp_path)], capture_output=True, text=True,
+                          timeout=280, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    said = done.stderr.strip().splitlines()
+    assert done.returncode == case.code, done.stderr
+    assert len(said) == 1 and case.says in said[0], done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "epoch 1/" not in done.stdout  # refused before any training
+
+
+def _session_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_is_one_line_exit_130_and_nothing_left_running(tmp_path):
+    # As a terminal does it: SIGINT to the whole foreground group, the DataLoader workers included.
+    process = subprocess.Popen([*COMMAND, "--epochs", "500", "--workers", "1", "--checkpoint", str(tmp_path / "c.pt")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))  # lines as they come
+    try:
+        for line in process.stdout:
+            if line.startswith("epoch 1/500"):  # training, with a checkpoint written
+                break
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines() == [f"ddp_tutorial.training.train: interrupted: the last checkpoint is "
+                                        f"{tmp_path / 'c.pt'}; add --resume to continue from it"], err
+    deadline = time.monotonic() + 30
+    while _session_alive(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _session_alive(process.pid), "a DataLoader worker outlived the interrupted run"
+
+
+@pytest.mark.timeout(150)
+def test_under_torchrun_a_bad_option_is_said_once_before_the_ranks_meet():
+    run = torchrun("ddp_tutorial.training.train", 2, args=["--stop-on-signal", "KILL", "--checkpoint", "c.pt"],
+                   check=False, timeout=120)
+    assert run.returncode != 0
+    assert run.output.count("SIGKILL cannot be caught") == 1, run.output
+    assert "ddp_tutorial/training/" not in run.output, run.output  # no traceback through the course's code
