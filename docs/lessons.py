@@ -88,7 +88,7 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                     Command("capstone.composed", "--dp 2 --cp 2", nproc=4,
                             comment="dp x cp: ring attention over cp, checked against one process"),
                     Command("capstone.traffic", "--dp 2 --tp 2 --pp 2", nproc=8,
-                            comment="each group's collectives per step and each rank's bytes"),
+                            comment="each group's collectives and bytes sent per step, each rank's bytes"),
                     Command("capstone.resume", "--save-layout dp=2,tp=2 --load-layout tp=2,pp=2", nproc=4,
                             comment="DCP: saved under one layout, resumed under another"),
                     python("capstone.rank_memory", "--dp 2 --tp 2",

@@ -44,6 +44,7 @@ from ddp_tutorial.pipeline_parallel.torch_schedules import SCHEDULES, same_dtype
 if TYPE_CHECKING:  # imported where used: a learner's torch without these still imports the module
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 __all__ = ["TOLERANCE", "Parts", "schedule_for", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "verdict", "main"]
@@ -59,8 +60,7 @@ def schedule_for(chunks: int, stages: int) -> str:
     GPipe holds all ``chunks``, wherever ``chunks >= stages``; else ``"GPipe"``.
 
     1F1B's warm-up sends one microbatch per later stage before its first backward: fewer cannot
-    fill it, and torch 2.9 refuses them (for every single-stage schedule, GPipe too).
-    ``layout.microbatches_for`` never asks for fewer, so here 1F1B always runs.
+    fill it. ``layout.microbatches_for`` never asks for fewer, so here 1F1B always runs.
     """
     return "1F1B" if chunks >= stages else "GPipe"
 
@@ -83,13 +83,26 @@ def _stage(model: nn.Module, run: GPTRun, layout: Layout, *, mesh: DeviceMesh,
     # positions between blocks), so the first step needs no shape inference between stages.
     piece = pipelining.PipelineStage(model, stage, layout.pp, device, input_args=first if stage == 0 else hidden,
                                      output_args=logits if stage == layout.pp - 1 else hidden, group=pp.get_group())
-    if older_than(torch.__version__, "2.10"):
-        same_dtype_handshake(piece)  # 2.9's first-step handshake aborts on gloo (lesson 19)
+    _release_workarounds(piece)
     schedule = getattr(pipelining, SCHEDULES[schedule_for(chunks, layout.pp)][0])
-    # scale_grads=False: _average_microbatches divides instead. The schedule divides in place, and
-    # torch 2.9's in-place div_ of a Partial DTensor (a sequence-parallel norm's gradient) changes
-    # nothing: tp with pp trained off one process there (weights off by up to 1e-3 after Adam).
+    # scale_grads=False: _average_microbatches divides instead (see _release_workarounds)
     return schedule(piece, chunks, loss_fn=next_char_loss, scale_grads=False)
+
+
+def _release_workarounds(piece: PipelineStage) -> None:
+    """What older torch releases need here and the concept does not, in one place (the version notes of
+    the notebook's section 4 say the same):
+
+    - torch 2.9's first-step shape/dtype handshake between stages aborts on gloo: it is replaced by
+      ``same_dtype_handshake`` (lesson 19), done here;
+    - torch 2.9's in-place ``div_`` of a ``Partial`` DTensor (a sequence-parallel norm's gradient)
+      changes nothing, so the schedule's own in-place scaling is off (``scale_grads=False``) and
+      ``_average_microbatches`` divides out of place (tp with pp otherwise trained off one process);
+    - torch 2.9's stage checks its inputs' strides: ``train_steps`` hands it contiguous inputs;
+    - some releases refuse fewer microbatches than stages (pytorch#144702): ``layout.microbatches_for``.
+    """
+    if older_than(torch.__version__, "2.10"):
+        same_dtype_handshake(piece)
 
 
 def _average_microbatches(model: nn.Module, chunks: int) -> None:
@@ -104,7 +117,7 @@ def _average_microbatches(model: nn.Module, chunks: int) -> None:
         grad = p.grad
         if isinstance(grad, DTensor) and any(pl.is_partial() for pl in grad.placements):
             grad = grad.redistribute(grad.device_mesh, [Replicate() if pl.is_partial() else pl for pl in grad.placements])
-        p.grad = grad / chunks  # out of place: 2.9's in-place div_ of a Partial DTensor changes nothing
+        p.grad = grad / chunks  # out of place (see _release_workarounds)
 
 
 def _train_step(model: nn.Module, schedule: PipelineScheduleSingle | None, optimizer: torch.optim.Optimizer, *,
@@ -191,9 +204,7 @@ def train_steps(parts: Parts, steps: range) -> list[torch.Tensor]:
         inputs, targets = char_batch(step, run.global_batch, run.seq, part=dp_rank, parts=parts.layout.dp,
                                      seed=run.seed)
         inputs, targets = inputs[:, cols], targets[:, cols]  # this cp rank's positions
-        losses.append(_train_step(parts.model, parts.schedule, parts.optimizer,
-                                  # contiguous: torch 2.9's stage checks the strides of its inputs
-                                  # too, and a window's slice of 17 columns has those of 17
+        losses.append(_train_step(parts.model, parts.schedule, parts.optimizer,  # contiguous: _release_workarounds
                                   batch=(inputs.to(parts.device).contiguous(), targets.to(parts.device)),
                                   stage=stage, stages=parts.layout.pp,
                                   chunks=microbatches_for(parts.layout.pp, run.microbatches)))

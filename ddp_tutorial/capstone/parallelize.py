@@ -14,8 +14,9 @@ A rank starts from the whole model (the same seed everywhere) and keeps its part
    slice of the sequence, and every block's attention runs lesson 20's ``ring_attention`` over
    the group, its rotary positions shifted to the slice's start (``SliceAttention``);
 4. ``apply_fsdp``, data parallel as FSDP2 over the ``dp`` group, or over ``dp x cp`` flattened
-   where ``cp > 1`` (torchtitan's ``dp_cp``: the cp ranks hold the same weights and their gradients
-   are averaged too): every block a unit, the stage's root one more; on top of TP each parameter
+   where ``cp > 1`` (named ``dp_cp`` here; torchtitan's FSDP mesh is ``dp_shard_cp``, its ``dp_cp``
+   also holds ``dp_replicate`` and serves the loss; with no replicate dimension they are the same
+   ranks. The cp ranks hold the same weights and their gradients are averaged too): every block a unit, the stage's root one more; on top of TP each parameter
    is a 2-D ``DTensor`` (``Shard(0)`` over ``dp``, the TP placement over ``tp``).
 
 The order matters as it does in torchtitan: TP first, so that FSDP shards DTensors that
@@ -63,7 +64,8 @@ def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The ranks that hold the same weights, which FSDP2 shards over: ``dp`` x ``cp``.
 
     ``mesh["dp"]`` or ``mesh["cp"]`` where the other has one rank; with both, the two dimensions
-    flattened into one, ``"dp_cp"``, as torchtitan does (``DeviceMesh._flatten``, private but in
+    flattened into one, ``"dp_cp"``, as torchtitan flattens ``dp_shard x cp`` into ``"dp_shard_cp"``
+    for FSDP (``DeviceMesh._flatten``, private but in
     every release since torch 2.4). Not flattened where one is enough: torch may hand a flattened
     dimension the group of an equal one or a new group, depending on the release.
     """
@@ -151,8 +153,10 @@ def apply_fsdp(model: CharGPT, dp_mesh: DeviceMesh, *, reshard_after_forward: bo
     ``dp_mesh`` is the 1-D mesh of the ranks that hold the same weights and average their
     gradients: ``dp``, or ``dp x cp`` flattened (``fsdp_mesh``).
 
-    Pipelined stages pass ``reshard_after_forward=False``: a stage runs the forward of every
-    microbatch before their backwards, and gathering each block again per microbatch only costs time.
+    Pipelined stages pass ``reshard_after_forward=False``, torchtitan's choice
+    (``reshard_after_forward = not pp_enabled``) and reason: "to avoid per-microbatch all-gathers,
+    which can be expensive and non-overlapped". Under 1F1B a stage interleaves the forwards and
+    backwards of its microbatches; keeping a stage's gathered weights costs memory, not gathers.
     """
     from torch.distributed.fsdp import fully_shard
 

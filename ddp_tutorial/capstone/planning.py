@@ -1,22 +1,32 @@
 """Choosing a layout for a real model and cluster with the memory calculator (``22_capstone``).
 
-The Ultra-Scale Playbook's reasoning, written as rules that every candidate obeys:
+Rules that every candidate obeys, after the Ultra-Scale Playbook's reasoning (tp inside a node,
+pp for what one node cannot hold) with one rule of this course's own (stages of whole nodes):
 
 - tensor parallelism within a node: ``tp <= gpus_per_node`` (its collectives sit on the critical
   path of every layer and need NVLink's bandwidth), and ``tp`` divides the attention heads and
   the key/value heads;
 - pipeline parallelism across nodes: each stage holds whole nodes (``gpus / pp`` a multiple of
-  ``gpus_per_node``), so the only traffic between nodes is a stage's activations;
-- data parallelism (ZeRO-1 or FSDP/ZeRO-3) with whatever ranks are left, outermost after ``pp``
-  on the mesh ``pp, dp, cp, tp`` (``layout.MESH_DIMS``);
-- context parallelism for long sequences: it splits the tokens, so it only helps when the
-  activations, not the weights, are what does not fit.
+  ``gpus_per_node``), so that no node holds two stages. It does not keep FSDP inside a node: a
+  stage of ``gpus / pp`` GPUs spans several nodes whenever ``dp·cp·tp > gpus_per_node`` (64 GPUs,
+  ``pp = 2``: 4 nodes a stage), and FSDP's all-gathers and reduce-scatters then cross nodes too;
+- data parallelism (ZeRO-1 or FSDP/ZeRO-3) with whatever ranks are left, on the mesh
+  ``pp, dp, cp, tp`` (``layout.MESH_DIMS``). Which dimension is outermost is a convention, and the
+  two in use disagree: torchtitan (``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``) and
+  Megatron-Core (``order="tp-cp-ep-dp-pp"``, innermost first) put ``pp`` outermost, since its
+  point-to-point activations tolerate the slowest links; Llama 3 (paper §3.3.2, ``[TP, CP, PP, DP]``
+  innermost to outermost) and picotron (``view(dp, pp, cp, tp)``) put ``dp`` outermost, since
+  FSDP's prefetched all-gathers tolerate latency. The course follows torchtitan, whose pieces it uses;
+- context parallelism for long sequences: it splits the tokens, so it divides the activations,
+  and its ranks join FSDP's group (ZeRO shards over ``dp × cp``), so it divides the model state as
+  ``dp`` ranks do.
 
 ``layout_table`` prices every candidate with ``calculator.bytes_per_rank``; ``fitting_layouts``
 keeps those that fit, cheapest first in that order: fewest pipeline stages (a bubble each),
 least recomputation (compute spent again), fewest context ranks, fewest tensor ranks (both
 communicate inside each layer), the least sharding. Bytes only: temporary buffers and
-fragmentation are not counted, hence the ``headroom`` kept free.
+fragmentation are not counted, hence the ``headroom`` kept free; time is not modelled (the
+global batch that bounds ``dp`` and the step-time model are lesson "How fast, and why").
 
     python -m ddp_tutorial.capstone.rank_memory --plan llama3-8b --gpus 64
 """

@@ -1,4 +1,4 @@
-"""Which group does what: each mesh dimension's collectives per step, and each rank's bytes (``22_capstone``).
+"""Which group does what: each mesh dimension's collectives and bytes per step, and each rank's bytes (``22_capstone``).
 
 ``GroupRecorder`` is a ``TorchDispatchMode`` (the mechanism of torch's own ``CommDebugMode``,
 which counts collectives but does not say on which group): every collective a rank issues
@@ -6,11 +6,13 @@ reaches torch's dispatcher as an operator of ``c10d`` (``torch.distributed``'s c
 all-gathers and reduce-scatters, the pipeline's and the ring attention's sends and receives) or of ``_c10d_functional``
 (DTensor's redistributions: tensor and sequence parallelism). Each names its process group,
 by object or by name; the recorder maps the group to the mesh dimension that owns it and counts
-``(dimension, operator)``. Waits and other bookkeeping operators carry no group and are not
-counted.
+``(dimension, operator)``: the calls, and the bytes this rank sends (``wire_bytes``: the
+operator's input tensors, ``numel × element_size``, as a bandwidth-optimal ring moves them).
+Waits and other bookkeeping operators carry no group and are not counted.
 
 ``shard_bytes`` measures what a rank holds from the real shards: each parameter's local piece
-(``DTensor.to_local()``), its gradient, and the optimizer's state tensors.
+(``DTensor.to_local()``), its gradient, and the optimizer's state tensors; ``traffic_worker``
+adds the activations the step saves for backward (``rank_memory.saved_bytes``).
 
     torchrun --nproc-per-node=8 -m ddp_tutorial.capstone.traffic --dp 2 --tp 2 --pp 2
 """
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["COLLECTIVE_NAMESPACES", "GroupRecorder", "op_kind", "shard_bytes", "traffic_worker", "traffic_runs", "layout_row", "main"]
+__all__ = ["COLLECTIVE_NAMESPACES", "GroupRecorder", "op_kind", "wire_bytes", "shard_bytes", "traffic_worker",
+           "traffic_runs", "layout_row", "main"]
 
 # The dispatcher namespaces of collectives: torch.distributed's calls, and the functional
 # collectives DTensor uses (their Python-side aliases included).
@@ -57,6 +60,17 @@ def op_kind(op_name: str) -> str | None:
     return None
 
 
+def wire_bytes(kind: str, nbytes: int, ranks: int) -> int:
+    """Bytes one rank sends for a collective of ``kind`` whose input is ``nbytes``, over ``ranks``
+    ranks, as a bandwidth-optimal ring moves them (the model of nccl-tests' bus bandwidth):
+    an all-gather sends its shard to the ``n - 1`` others, a reduce-scatter ``(n - 1)/n`` of its
+    input, an all-reduce both, a send its tensor; a receive sends nothing (its sender counts it)."""
+    n = ranks
+    factor = {"all_gather": (n - 1, 1), "reduce_scatter": (n - 1, n), "all_reduce": (2 * (n - 1), n),
+              "all_to_all": (n - 1, n), "recv": (0, 1)}.get(kind, (1, 1))
+    return nbytes * factor[0] // factor[1]
+
+
 def _group_name(arg: Any) -> str | None:
     """The name of the process group an operator argument stands for, or ``None``.
 
@@ -72,8 +86,28 @@ def _group_name(arg: Any) -> str | None:
     return None
 
 
+def _group_size(name: str) -> int:
+    from torch.distributed.distributed_c10d import _resolve_process_group  # no public name->group
+
+    return _resolve_process_group(name).size()
+
+
+def _input_bytes(func: Any, args: tuple, kwargs: dict) -> int:
+    """Bytes of the tensors an operator reads (every tensor argument not named ``output...``)."""
+    total = 0
+    for spec, value in zip(func._schema.arguments, list(args) + [kwargs.get(a.name) for a in
+                                                               func._schema.arguments[len(args):]]):
+        if spec.name.startswith("output"):
+            continue
+        for t in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
 class GroupRecorder(TorchDispatchMode):
-    """Counts the collectives issued while active, by mesh dimension: ``counts[(dim, kind)]``.
+    """Counts the collectives issued while active, by mesh dimension: ``counts[(dim, kind)]`` calls,
+    ``sent[(dim, kind)]`` bytes this rank sends (``wire_bytes``).
 
     ``groups`` maps a process group's name to a label (``dims_of(mesh)``); a collective on a
     group it does not know is counted under ``"other"``, so that nothing is lost silently.
@@ -83,6 +117,7 @@ class GroupRecorder(TorchDispatchMode):
         super().__init__()
         self.groups = groups
         self.counts: Counter = Counter()
+        self.sent: Counter = Counter()
 
     @staticmethod
     def dims_of(mesh: DeviceMesh) -> dict[str, str]:
@@ -113,7 +148,10 @@ class GroupRecorder(TorchDispatchMode):
             values = list(args) + list((kwargs or {}).values())
             names = [n for n in map(_group_name, values) if n is not None]
             # The group comes last: a functional collective's reduce op ("sum") is a string before it.
-            self.counts[(self.label(names[-1]) if names else "other", kind)] += 1
+            key = (self.label(names[-1]) if names else "other", kind)
+            self.counts[key] += 1
+            ranks = _group_size(names[-1]) if names else 1
+            self.sent[key] += wire_bytes(kind, _input_bytes(func, args, kwargs or {}), ranks)
         return func(*args, **(kwargs or {}))
 
 
@@ -136,37 +174,47 @@ def shard_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
 
 def traffic_worker(rank: int, world_size: int, layout: dict, run: dict | None = None) -> dict:
     """One step of the composed training on ``layout``, recorded: this rank's collectives by mesh
-    dimension, after a first step that lets FSDP2 and the pipeline set themselves up, and its bytes."""
+    dimension (calls and bytes sent), after a first step that lets FSDP2 and the pipeline set
+    themselves up; the model state it holds, and the activations the step saves for backward."""
     import torch.distributed as dist
 
     from ddp_tutorial.capstone.composed import build, train_steps
+    from ddp_tutorial.capstone.rank_memory import saved_bytes
     from ddp_tutorial.capstone.reference import GPTRun
 
     parts = build(world_size, layout, GPTRun(**(run or {})))
     train_steps(parts, range(1))  # the first step also initialises (FSDP2's lazy init): not a typical step
     groups = GroupRecorder.dims_of(parts.mesh)
-    if parts.fsdp is not None:  # FSDP2's group: dp's, cp's, or with both dp x cp flattened, "dp_cp"
+    # FSDP2's group: dp's, cp's, or with both dp x cp flattened, "dp_cp" (torchtitan's dp_shard_cp)
+    if parts.fsdp is not None:
         groups.setdefault(parts.fsdp.get_group().group_name, "dp_cp")
     recorder = GroupRecorder(groups)
     dist.barrier()  # every rank starts the timed step together
     start = time.perf_counter()
-    with recorder:
+    with recorder, saved_bytes(parts.model) as saved:
         train_steps(parts, range(1, 2))
     seconds = time.perf_counter() - start  # shown, never asserted: it depends on the machine
     held = shard_bytes(parts.model, parts.optimizer)
     dist.barrier()
-    return {"rank": rank, "counts": dict(recorder.counts), "bytes": held, "seconds": seconds}
+    return {"rank": rank, "counts": dict(recorder.counts), "sent": dict(recorder.sent), "bytes": held,
+            "activations": saved.total, "seconds": seconds}
 
 
 def layout_row(layout: dict, ranks: list[dict]) -> dict:
-    """One line of the layouts' table from every rank's ``traffic_worker`` result: the most bytes any
-    rank holds, the collectives all ranks issue per step (by dimension), the slowest rank's step."""
-    per_dim: Counter = Counter()
+    """One line of the layouts' table from every rank's ``traffic_worker`` result: the most model state
+    and the most activations any rank holds, the bytes all ranks send per step and the collectives
+    they issue (by dimension), the slowest rank's step."""
+    calls: Counter = Counter()
+    sent: Counter = Counter()
     for facts in ranks:
         for (dim, _), n in facts["counts"].items():
-            per_dim[dim] += n
+            calls[dim] += n
+        for (dim, _), n in facts["sent"].items():
+            sent[dim] += n
     return {"layout": str(Layout(**layout)), "max bytes/rank": max(sum(f["bytes"].values()) for f in ranks),
-            "collectives/step": dict(sorted(per_dim.items())), "step s": max(f["seconds"] for f in ranks)}
+            "max activations/rank": max(f["activations"] for f in ranks),
+            "sent/step": dict(sorted(sent.items())), "collectives/step": dict(sorted(calls.items())),
+            "step s": max(f["seconds"] for f in ranks)}
 
 
 def traffic_runs(rank: int, world_size: int, layouts: list[dict]) -> list[dict]:

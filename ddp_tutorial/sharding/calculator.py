@@ -24,7 +24,8 @@ Estimates, from the published formulas and not measured here:
 - ``pp > 1``: ``layers / pp`` per rank, the first stage holding ``pp`` micro-batches (1F1B);
 - Llama-style shapes (``gated``, ``kv_heads``, RMSNorm, ``attention="flash"``): the same
   accounting op by op; a fused kernel may keep less.
-- ZeRO shards over ``dp`` only (not ``dp × cp``).
+- ZeRO shards over ``dp × cp``: the ``cp`` ranks of a replica hold the same weights, so FSDP
+  shards over both (torchtitan's ``dp_shard_cp``, the capstone's ``fsdp_mesh``).
 
 The activations' dtype is one for all (``PRECISIONS``' last number): a model run wholly in bf16
 (Megatron, FSDP2's ``param_dtype=bf16``). ``torch.autocast`` keeps the residual stream, and so
@@ -165,7 +166,7 @@ def bytes_per_rank(shape: ModelShape, *, micro_batch: int = 1, dp: int = 1, tp: 
     """Bytes the busiest rank holds when forward ends, by term: parameters, gradients, optimizer states,
     activations, total.
 
-    ``zero``: 0 (DDP), 1 (optimizer state sharded over ``dp``), 2 (+ gradients), 3 (+ parameters).
+    ``zero``: 0 (DDP), 1 (optimizer state sharded over ``dp × cp``), 2 (+ gradients), 3 (+ parameters).
     ``precision``: a layout of ``PRECISIONS``: "fp32" (4 + 4 + 8 bytes per parameter with Adam),
     "bf16-mixed" (the ZeRO paper's 2 + 2 + 12), "megatron-bf16" (2 + 4 + 12), "fsdp2-bf16" (4 + 4 + 8).
     ``recompute``: one of ``RECOMPUTE``. ``sp``: sequence parallelism with ``tp``.
@@ -178,8 +179,8 @@ def bytes_per_rank(shape: ModelShape, *, micro_batch: int = 1, dp: int = 1, tp: 
     layer, outside = num_params(shape)
     params = math.ceil((layer * math.ceil(shape.layers / pp) + (outside if pp == 1 else outside / 2)) / tp)
 
-    def share(nbytes: int, sharded: bool) -> int:
-        return -(-nbytes // dp) if sharded else nbytes
+    def share(nbytes: int, sharded: bool) -> int:  # over dp x cp: the ranks that hold the same weights
+        return -(-nbytes // (dp * cp)) if sharded else nbytes
 
     terms = activation_terms(shape, micro_batch, act_bytes=e, mask_bytes=mask_bytes, dropout=dropout,
                              attention=attention, recompute=recompute, cp=cp)

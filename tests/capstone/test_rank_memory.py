@@ -148,9 +148,20 @@ def test_long_sequences_call_for_context_parallelism():
     assert rows[0].cp > 1 and rows[0].recompute == "none" and rows[0].pp == 1
     short = layout_table(shape, gpus=64, gpu_bytes=80 * GIB)
     # At 4k tokens the weights decide: every ZeRO-3 layout sharded over 8 ranks or more fits with full
-    # recomputation (the calculator shards ZeRO over dp only, so cp 64 x dp 1 holds all 16·Ψ: it does not)
-    assert all(r.fits for r in short if r.zero == 3 and r.recompute == "full" and r.dp >= 8)
-    assert not [r for r in short if r.dp == 1 and r.cp == 64 and r.fits]
+    # recomputation; ZeRO shards over dp x cp, so cp 64 x dp 1 holds 16·Ψ/64 of model state, as dp 64 does
+    assert all(r.fits for r in short if r.zero == 3 and r.recompute == "full" and r.dp * r.cp >= 8)
+    cp64 = [r for r in short if r.dp == 1 and r.cp == 64 and r.zero == 3 and r.recompute == "full"]
+    assert cp64 and cp64[0].fits and 16 * PSI_8B / 64 < cp64[0].bytes < 16 * PSI_8B / 64 + 2 * GIB
+
+
+def test_llama3_70b_at_128k_fits_with_cp_once_zero_shards_over_dp_x_cp():
+    """70B at 128k tokens on 64 GPUs: FSDP over dp x cp x tp = 64 ranks leaves 16·Ψ/64 of model state
+    (Ψ = 70.6e9: 17.6 GB), so tp8 x cp8 fits without recomputation."""
+    best = fitting_layouts(PLAN_MODELS["llama3-70b"], gpus=64, gpu_bytes=80 * GIB, seq=131072)[0]
+    assert (best.tp, best.cp, best.pp, best.recompute, best.zero) == (8, 8, 1, "none", 3)
+    state = bytes_per_rank(PLAN_MODELS["llama3-70b"], tp=8, cp=8, zero=3)  # model state: seq plays no part
+    state = state["total"] - state["activations"]
+    assert abs(state - 16 * 70.6e9 / 64) < 0.01 * 16 * 70.6e9 / 64
 
 
 @pytest.mark.skipif(os.environ.get("DDP_TUTORIAL_ALL_LAYOUTS") != "1",

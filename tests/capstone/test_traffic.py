@@ -2,7 +2,8 @@
 
 The recorded counts are checked against counts derived from the layout and the parallelisation
 plans (blocks per stage, FSDP2 units, TP's gathers and reduce-scatters per block, microbatches),
-and the bytes against the one-process model's parameters; one 4-rank launch runs four layouts,
+FSDP2's and the pipeline's bytes sent against the one-process model's tensors and the batch's
+shape, and the bytes held against the one-process model's parameters; one 4-rank launch runs four layouts,
 ``make capstone-layouts`` every layout of 8 ranks.
 """
 
@@ -13,9 +14,12 @@ import os
 import pytest
 
 from ddp_tutorial.capstone.layout import Layout, coordinates, layouts, microbatches_for
+from ddp_tutorial.capstone.parallelize import stage_layers
+from ddp_tutorial.capstone.rank_memory import capstone_shape
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt
-from ddp_tutorial.capstone.traffic import op_kind, traffic_runs
+from ddp_tutorial.capstone.traffic import op_kind, traffic_runs, wire_bytes
 from ddp_tutorial.launch import spawn
+from ddp_tutorial.sharding.calculator import bytes_per_rank
 
 LAYOUTS = [Layout(dp=2, tp=2), Layout(tp=2, pp=2), Layout(dp=2, pp=2), Layout(dp=2, cp=2)]
 
@@ -53,6 +57,36 @@ def expected_counts(rank: int, layout: Layout, run: GPTRun) -> dict:
     return out
 
 
+def expected_sent(rank: int, layout: Layout, run: GPTRun) -> dict:
+    """Bytes one step sends on FSDP2's and the pipeline's groups, counted from the one-process model's
+    tensors and the batch's shape, not recorded: FSDP2 gathers each unit's shards, (n - 1) copies of
+    this rank's shard (blocks twice unless pipelined, the root once) and reduce-scatters each unit's
+    whole gradient, (n - 1)/n of it; a stage sends each microbatch's activations or their gradient."""
+    stage = coordinates(rank, layout)["pp"]
+    blocks = tuple(f"layers.{i}." for i in stage_layers(run.layers, stage, layout.pp))
+    first, last = stage == 0, stage == layout.pp - 1
+    m = microbatches_for(layout.pp, run.microbatches) if layout.pp > 1 else 1
+    n = layout.dp * layout.cp
+    out = {}
+    if n > 1:
+        fsdp = "dp_cp" if layout.dp > 1 and layout.cp > 1 else "dp" if layout.dp > 1 else "cp"
+        block = root = 0
+        for name, p in make_gpt(run).named_parameters():
+            local = p.numel() * p.element_size() // (1 if "norm" in name else layout.tp) // n  # no padding here
+            if name.startswith(blocks):
+                block += local
+            elif (first and name.startswith("tok_embeddings")) or (last and name.startswith(("norm.", "output."))):
+                root += local
+        out[(fsdp, "all_gather")] = (n - 1) * ((1 if layout.pp > 1 else 2) * block + root)
+        out[(fsdp, "reduce_scatter")] = (n - 1) * (block + root)
+    if layout.pp > 1:
+        rows = run.global_batch // layout.dp // m
+        hidden = rows * run.seq // (layout.cp * layout.tp) * run.dim * run.dtype.itemsize
+        out[("pp", "send")] = m * hidden * ((not first) + (not last))
+        out[("pp", "recv")] = 0  # a receive sends nothing: its sender counts the bytes
+    return out
+
+
 @pytest.fixture(scope="module")
 def recorded() -> list:
     return spawn(traffic_runs, 4, args=([vars(lay) for lay in LAYOUTS],), timeout=240)
@@ -70,6 +104,30 @@ def test_each_group_runs_the_collectives_the_plan_implies(recorded, index):
     layout = LAYOUTS[index]
     for rank in range(4):
         assert recorded[rank][index]["counts"] == expected_counts(rank, layout, GPTRun()), (str(layout), rank)
+
+
+@pytest.mark.parametrize("index", range(len(LAYOUTS)))
+def test_fsdp2_and_pipeline_bytes_sent_are_the_shards_and_activations(recorded, index):
+    layout = LAYOUTS[index]
+    for rank in range(4):
+        sent = recorded[rank][index]["sent"]
+        for key, nbytes in expected_sent(rank, layout, GPTRun()).items():
+            assert sent[key] == nbytes, (str(layout), rank, key)
+
+
+def test_wire_bytes_of_a_ring():
+    assert wire_bytes("all_gather", 100, 4) == 300 and wire_bytes("reduce_scatter", 400, 4) == 300
+    assert wire_bytes("all_reduce", 400, 4) == 600 and wire_bytes("send", 7, 2) == 7 and wire_bytes("recv", 7, 2) == 0
+
+
+def test_model_state_of_dp_x_cp_ranks_is_the_calculators_zero3_over_dp_x_cp(recorded):
+    """FSDP2 over dp x cp (the cp ranks hold the same weights): each rank holds 1/(dp·cp) of every tensor,
+    as bytes_per_rank prices ZeRO-3 over dp x cp (float64 here: twice its fp32 bytes)."""
+    layout = Layout(dp=2, cp=2)
+    want = bytes_per_rank(capstone_shape(GPTRun()), dp=2, cp=2, zero=3, precision="fp32")
+    for rank in range(4):
+        held = recorded[rank][LAYOUTS.index(layout)]["bytes"]
+        assert held["parameters"] == 2 * want["parameters"] and held["gradients"] == 2 * want["gradients"], rank
 
 
 @pytest.mark.parametrize("index", range(len(LAYOUTS)))

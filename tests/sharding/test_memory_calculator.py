@@ -90,3 +90,18 @@ def test_bytes_per_parameter_as_each_stack_holds_them():
     fsdp2 = bytes_per_rank(llama, precision="fsdp2-bf16", dp=8, zero=3)
     assert fsdp2["parameters"] == fsdp2["gradients"] == -(-4 * n // 8)  # fp32 shards, no bf16 copy kept
     assert fsdp2["activations"] == bytes_per_rank(llama)["activations"]  # bf16 compute: 2-byte activations
+
+
+def test_zero_shards_model_state_over_dp_times_cp():
+    """The cp ranks of a replica hold the same weights, so ZeRO/FSDP shards over dp x cp (torchtitan's
+    dp_shard_cp): by hand from Llama 3 8B's 8.03e9 parameters and the ZeRO paper's 2 + 2 + 12 bytes each."""
+    layer, outside = num_params(PRESETS["llama-8b"])
+    psi = 32 * layer + outside
+    for dp, cp in ((8, 1), (2, 4), (1, 8)):
+        three = bytes_per_rank(PRESETS["llama-8b"], dp=dp, cp=cp, zero=3)
+        assert (three["parameters"], three["gradients"], three["optimizer states"]) == \
+            (-(-2 * psi // 8), -(-2 * psi // 8), -(-12 * psi // 8)), (dp, cp)
+        one = bytes_per_rank(PRESETS["llama-8b"], dp=dp, cp=cp, zero=1)
+        assert (one["parameters"], one["optimizer states"]) == (2 * psi, -(-12 * psi // 8)), (dp, cp)
+    # cp still divides the activations' tokens, which dp does not
+    assert bytes_per_rank(PRESETS["llama-8b"], cp=8)["activations"] < bytes_per_rank(PRESETS["llama-8b"], dp=8)["activations"]

@@ -2,19 +2,29 @@
 
 The reference is computed twice, without the learner's code: by ``capstone.layout.group_ranks``
 (mixed radix) and by torch (``dist.get_process_group_ranks`` of each dimension of the checker's
-own reading of the learner's mesh). The checker records the collectives the solution calls:
-the groups follow from the rank and the sizes, so a solution that asks the other ranks
-(``all_gather_object`` of coordinates, say) gets the numbers right the wrong way and fails.
+own reading of the learner's mesh). The checker records the collectives the solution calls,
+and the places where the solution's own code reads the answer from torch (``torch_asked``:
+``dist.get_process_group_ranks``, a mesh's ``get_group``/``get_all_groups``, its ``.mesh``
+tensor): the groups follow from the rank and the sizes, so a solution that asks the other
+ranks (``all_gather_object`` of coordinates) or torch (``(mesh.mesh == rank).nonzero()``) gets
+the numbers right the wrong way and fails.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 from torch.distributed.device_mesh import DeviceMesh
 
 from ddp_tutorial.capstone.layout import MESH_DIMS, Layout, group_ranks
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
+from ddp_tutorial.exercises.recording import patched
 from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
 
 # The layouts checked on each world size, (dp, tp, pp, cp) as the function takes them.
@@ -82,6 +92,36 @@ def wrong_groups(groups: object, rank: int, layout: Layout, *, mesh: DeviceMesh)
     return None
 
 
+# A mesh's attributes that hold the answer: its ranks laid out (``.mesh``) and its process groups.
+ANSWER_ATTRIBUTES = ("mesh", "get_group", "get_all_groups")
+
+
+@contextmanager
+def torch_asked(source: str) -> Iterator[list[str]]:
+    """While the block runs, list each way the code of file ``source`` itself reads the groups from
+    torch (the library's own uses, inside ``init_device_mesh`` say, are not the learner's): an
+    attribute of ``ANSWER_ATTRIBUTES`` looked up on a ``DeviceMesh``, or ``get_process_group_ranks``."""
+    asked: list[str] = []
+    lookup, ranks = DeviceMesh.__getattribute__, dist.get_process_group_ranks
+
+    def learners(depth: int) -> bool:
+        return sys._getframe(depth + 1).f_code.co_filename == source
+
+    def getattribute(mesh: DeviceMesh, name: str) -> object:
+        if name in ANSWER_ATTRIBUTES and learners(1):
+            asked.append(f"DeviceMesh.{name}")
+        return lookup(mesh, name)
+
+    def get_process_group_ranks(group: dist.ProcessGroup) -> list[int]:
+        if learners(1):
+            asked.append("dist.get_process_group_ranks")
+        return ranks(group)
+
+    with patched([(DeviceMesh, "__getattribute__", getattribute), (dist, "get_process_group_ranks", get_process_group_ranks),
+                  (distributed_c10d, "get_process_group_ranks", get_process_group_ranks)]):
+        yield asked
+
+
 def mesh_groups_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
     """Each layout of ``world_size`` ranks in ``LAYOUTS``: the mesh, the groups, no collective."""
     with traced(rank, trace_dir, record=COLLECTIVES) as trace:
@@ -89,7 +129,8 @@ def mesh_groups_worker(rank: int, world_size: int, source: str, function: str, t
 
         def case(dp: int, tp: int, pp: int, cp: int) -> str | None:
             layout = Layout(dp=dp, tp=tp, pp=pp, cp=cp)
-            result = fn(dp, tp, pp, cp)
+            with torch_asked(str(Path(source))) as read:
+                result = fn(dp, tp, pp, cp)
             if not (isinstance(result, tuple) and len(result) == 2):
                 return f"returned {type(result).__name__}; return a pair: (mesh, groups)"
             mesh, groups = result
@@ -100,6 +141,10 @@ def mesh_groups_worker(rank: int, world_size: int, source: str, function: str, t
             if asked:
                 return (f"the mesh and the groups are right, but the solution called {', '.join(asked)}: the "
                         "groups follow from the rank and the sizes alone, no collective is needed")
+            if read:
+                return (f"the mesh and the groups are right, but the solution asked torch for them "
+                        f"({', '.join(sorted(set(read)))}): that is the answer the checker compares with; compute "
+                        "each group from the rank and the sizes (mixed radix: a stride per dimension)")
             return None
 
         cases: list[Case] = [(f"dp={dp} tp={tp} pp={pp} cp={cp}", lambda a=a: case(*a))
@@ -120,6 +165,7 @@ EXERCISES = [
         checks=("17 layouts in all, 5 of them on 8 ranks (dp2 x tp2 x pp2, dp4 x tp2, ...); the mesh's dimension "
                 "names, their order and its shape; each rank's group of every dimension (size 1 too) against "
                 "the mixed-radix computation and against torch's own process groups of the mesh; no collective "
-                "called by the solution; ddp_tutorial.capstone is refused"),
+                "called by the solution, and no group read from torch (the mesh's .mesh, get_group, "
+                "get_process_group_ranks); ddp_tutorial.capstone is refused"),
         worker=mesh_groups_worker, world_sizes=(1, 2, 3, 4, 8)),
 ]
