@@ -201,7 +201,7 @@ VERSIONS_OLDEST_RUNS ?= unit nbval-release
 # the lessons whose cells or modules branch by torch release, or call DCP (its warnings changed
 # between releases); tests/infra/test_project.py finds them again and checks this list holds them
 RELEASE_NOTEBOOKS := notebooks/14_sharding.ipynb notebooks/18_zero3_and_checkpoints.ipynb \
-  notebooks/19_pipeline_schedules.ipynb notebooks/22_capstone.ipynb
+  notebooks/19_pipeline_schedules.ipynb notebooks/20_long_sequences.ipynb notebooks/22_capstone.ipynb
 VERSIONS_NEWEST_RUNS ?= unit nbval
 NEWEST_PYTHONS ?= 3.14 3.13 3.12 3.11
 # the floors, read from their one home (tests/infra/test_versions_target.py checks this reads them)

@@ -39,6 +39,7 @@ from ddp_tutorial.capstone.parallelize import apply_cp, apply_fsdp, apply_tp, fs
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss, train_one_process
 from ddp_tutorial.doctor import older_than
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.pipeline_parallel.torch_schedules import SCHEDULES, same_dtype_handshake
 
 if TYPE_CHECKING:  # imported where used: a learner's torch without these still imports the module
@@ -47,7 +48,7 @@ if TYPE_CHECKING:  # imported where used: a learner's torch without these still 
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-__all__ = ["TOLERANCE", "Parts", "schedule_for", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "verdict", "main"]
+__all__ = ["TOLERANCE", "Parts", "schedule_for", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "against_one_process", "main"]
 
 # float64 throughout: the layouts add the same numbers in other orders (sums split over ranks,
 # microbatches), so they differ from one process by rounding only, far below this.
@@ -252,13 +253,10 @@ def compare(result: dict, reference: dict) -> dict[str, float]:
     return {"loss": loss, "weights": weights}
 
 
-def verdict(result: dict, steps: int, claim: str) -> None:
-    """The command lines' last word (rank 0): ``result`` against one process trained ``steps`` steps;
-    print ``OK: claim`` or ``FAILED: claim``, and exit 1 on failure."""
-    ok = max(compare(result, train_one_process(GPTRun(), steps)).values()) < TOLERANCE
-    print(f"{'OK' if ok else 'FAILED'}: {claim}")
-    if not ok:
-        raise SystemExit(1)
+def against_one_process(result: dict, steps: int, claim: str) -> None:
+    """The capstone's command lines' last word (rank 0): ``result`` against one process trained ``steps``
+    steps, ended by ``launch.verdict`` (``OK: claim`` or ``FAILED: claim``, exit 1 on failure)."""
+    verdict(max(compare(result, train_one_process(GPTRun(), steps)).values()) < TOLERANCE, claim)
 
 
 def main() -> None:
@@ -280,7 +278,7 @@ def main() -> None:
             raise SystemExit(f"composed: {err}") from None
     if info.is_main:
         print("losses:", " ".join(f"{x:.4f}" for x in result["losses"]))
-        verdict(result, args.steps, f"{Layout(**given)} on {info.world_size} ranks trains CharGPT as one process "
+        against_one_process(result, args.steps, f"{Layout(**given)} on {info.world_size} ranks trains CharGPT as one process "
                                     f"does ({args.steps} steps: losses and weights within {TOLERANCE:g})")
 
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ddp_tutorial.capstone.composed import Parts, build, gather_weights, global_losses, train_steps
 from ddp_tutorial.capstone.reference import GPTRun
+from ddp_tutorial.sharding.sharded_checkpoint import quiet_dcp_writer
 
 __all__ = ["save_worker", "resume_worker", "save_and_resume", "parse_layout", "main"]
 
@@ -39,6 +40,7 @@ def save_worker(rank: int, world_size: int, layout: dict, path: str, steps: int 
 
     parts = build(world_size, layout, GPTRun())
     losses = global_losses(parts, train_steps(parts, range(steps)))
+    quiet_dcp_writer()  # torch 2.9's writer warns from every rank (lesson 18 says why)
     dcp.save(_state(parts), checkpoint_id=path)
     dist.barrier()
     return losses if rank == 0 else None
@@ -82,7 +84,7 @@ def main() -> None:
     parser.add_argument("--load-layout", type=parse_layout, default={"tp": 2, "pp": 2})
     parser.add_argument("--steps", type=int, default=2, help="steps before the checkpoint, and after it")
     args = parser.parse_args()
-    from ddp_tutorial.capstone.composed import TOLERANCE, verdict
+    from ddp_tutorial.capstone.composed import TOLERANCE, against_one_process
     from ddp_tutorial.env import distributed
 
     with distributed() as (info, _):
@@ -94,7 +96,7 @@ def main() -> None:
     if info.is_main:
         losses = [f"{x:.4f}" for x in result["losses"]]
         print("losses:", " ".join(losses[:args.steps]), "| resumed:", " ".join(losses[args.steps:]))
-        verdict(result, 2 * args.steps, f"saved under {args.save_layout}, resumed under {args.load_layout}: "
+        against_one_process(result, 2 * args.steps, f"saved under {args.save_layout}, resumed under {args.load_layout}: "
                                         f"as if uninterrupted (within {TOLERANCE:g})")
 
 
