@@ -5,7 +5,7 @@ Used by ``checkpoint`` (``save_checkpoint``, ``load_checkpoint``; lessons 07, 09
 
 - The file is exactly what ``torch.save`` writes, except that the zip's comment (the last
   field of every zip file, empty in torch's) holds ``ddp_tutorial checkpoint sha256:<hex>``,
-  the SHA-256 of every byte before it. ``torch.load(path)`` still reads it; ``unseal`` refuses
+  the SHA-256 of every byte before it. torch's own loader still reads it; ``unseal`` refuses
   a file whose bytes changed (a bit flip, a truncation, another program's write).
 - A file without that comment, as ``torch.save`` writes it (checkpoints written before the
   checksum existed), is passed on unverified: ``torch.load`` then judges it.
