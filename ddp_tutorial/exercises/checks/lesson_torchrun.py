@@ -179,7 +179,7 @@ EXERCISES = [
               "and returns it."),
         hint=("if rank == 0: torch.save(state, tmp); os.replace(tmp, path). Then dist.barrier() on every "
               "rank, then torch.load(path, map_location=device, weights_only=True). checkpoint."
-              "save_checkpoint does it with a temporary file from tempfile.mkstemp."),
+              "save_checkpoint does it with a temporary file of its own in path's folder."),
         checks=("two checkpoints, rank 0 made slow to write, an older checkpoint already at path; who calls "
                 "torch.save (only rank 0), where to (never path itself: a file in the same folder renamed "
                 "onto it), whether a rank loads before rank 0's save is in place (no barrier: the old file, "
