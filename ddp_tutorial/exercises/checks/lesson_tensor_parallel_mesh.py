@@ -73,19 +73,29 @@ def payload(call: LibraryCall) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
-def wrong_traffic(calls: list[LibraryCall], mine: dict[str, list[int]], dp: int, world: int,
-                  total: int) -> str | None:
-    """What is wrong with the collectives: kind, group, bytes (None: all-reduces over dp, each value once)."""
+def wrong_traffic(calls: list[LibraryCall], mine: dict[str, list[int]], mesh_groups: list[Any], dp: int,
+                  world: int, total: int) -> str | None:
+    """What is wrong with the collectives: kind, group, op, bytes (None: all-reduces over dp, each value once).
+
+    ``mesh_groups`` are the mesh's own groups: any other group but the default one was made by hand.
+    """
     for c in calls:
-        ranks = group_ranks(c)
+        ranks, group = group_ranks(c), c.arguments.get("group")
         if ranks == mine["dp"]:
             continue
-        where = (f"over all {world} ranks (the default group), not the dp group {mine['dp']}"
-                 if ranks == list(range(world)) else
-                 f"over the tp group {ranks}, not the dp group {mine['dp']}" if ranks == mine["tp"] else
-                 f"over ranks {ranks}, but this rank's dp group is {mine['dp']} (a group made by hand with the "
-                 "wrong ranks? the mesh's own is mesh.get_group(\"dp\"))")
-        return (f"dist.{c.name} ran {where}: {payload(c)} bytes went over a group whose ranks hold different "
+        by_hand = group is not None and group is not dist.group.WORLD and all(group is not g for g in mesh_groups)
+        if by_hand:
+            which = " (the tp group's ranks)" if ranks == mine["tp"] else ""
+            where = (f"over a group made by hand with new_group, ranks {ranks}{which}, but this rank's dp group is "
+                     f"{mine['dp']}: the ranks of a dp group depend on the mesh's order of dimensions (strided "
+                     "when tp is the inner one); mesh.get_group(\"dp\") is the mesh's own")
+        elif ranks == list(range(world)):
+            where = f"over all {world} ranks (the default group), not the dp group {mine['dp']}"
+        elif ranks == mine["tp"]:
+            where = f"over the tp group {ranks}, not the dp group {mine['dp']}"
+        else:
+            where = f"over ranks {ranks}, but this rank's dp group is {mine['dp']}"
+        return (f"dist.{c.name} ran {where}. {payload(c)} bytes went over a group whose ranks hold different "
                 "shards or the same data, not the data-parallel copies of this rank's pieces")
     for c in calls:
         op = c.arguments.get("op", dist.ReduceOp.SUM)
@@ -180,7 +190,8 @@ def dp_grad_average_worker(rank: int, world_size: int, source: str, function: st
             if result is not None:
                 return f"{function} returned {type(result).__name__}: it works in place and returns None"
             total = sum(t.numel() * t.element_size() for t in given.values())
-            wrong = wrong_traffic([c for c in recorded if not c.nested], mine, dp, world_size, total)
+            wrong = wrong_traffic([c for c in recorded if not c.nested], mine,
+                                  [mesh.get_group(n) for n in names], dp, world_size, total)
             if wrong:
                 values = wrong_values(grads, given, local, want, dp, world_size)
                 return wrong + (f". And the numbers are wrong: {values}" if values else
