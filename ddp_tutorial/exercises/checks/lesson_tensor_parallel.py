@@ -15,6 +15,7 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
 from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.checks.mesh_gradients import DP_GRAD_AVERAGE
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
 from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
@@ -175,4 +176,5 @@ EXERCISES = [
                 "forward and one in backward (counted by CommDebugMode: dist, functional collectives and "
                 "DTensor alike); the arguments unchanged; ddp_tutorial.tensor_parallel is refused"),
         worker=tp_mlp_forward_worker),
+    DP_GRAD_AVERAGE,  # 15.2: the gradient all-reduce of a dp x tp mesh, over dp only (checked in mesh_gradients)
 ]

@@ -1,4 +1,4 @@
-"""Lesson 15's second exercise: the gradient all-reduce of a ``dp x tp`` mesh, over ``dp`` only.
+"""Exercise 15.2 (``lesson_tensor_parallel`` lists it): the gradient all-reduce of a ``dp x tp`` mesh, over ``dp``.
 
 Each rank gets the gradients its piece of ToyModel would have after backward on its ``dp``
 row's share of a global batch: computed here, in one process per rank, from the unsplit
@@ -210,35 +210,33 @@ def dp_grad_average_worker(rank: int, world_size: int, source: str, function: st
         return run_cases(trace, cases)
 
 
-EXERCISES = [
-    Exercise(
-        name="dp_grad_average", number="15.2", lesson=15, notebook="15_tensor_parallel.ipynb",
-        title="the gradient all-reduce of a dp x tp mesh, over dp only", level="medium",
-        task=("On a dp x tp DeviceMesh, each rank holds the gradients of its tensor-parallel pieces of "
-              "ToyModel (net1's rows, net2's columns, the replicated net2.bias) computed on its dp share of "
-              "the batch. Average them in place into the whole global batch's gradients, communicating only "
-              "among the ranks that hold the same pieces."),
-        hint=("Two kinds of neighbours on the mesh: the tp ranks of a row hold different pieces of the same "
-              "weight and saw the same rows; the dp ranks of a column hold the same piece and saw different "
-              "rows. Which of the two does an average of copies concern? And the replicated bias: what do its "
-              "tp copies already hold?"),
-        more_hints=(
-            "A DeviceMesh gives each named dimension its own process group, so a collective can meet the ranks "
-            "of one dimension only; the default group is every rank. The mean over k copies is their sum "
-            "divided by k, or one reduction op that averages. The replicated bias's tp copies are already "
-            "equal: it needs nothing over tp.",
-            "For each gradient g, in place: g <- (sum of g over the ranks of this rank's dp group) / (that "
-            "group's size). The group is the mesh's, looked up by the name \"dp\" (mesh.get_group takes it), "
-            "its size from dist.get_world_size(group); never the default group, never tp, whatever order the "
-            "dimensions were named in."),
-        checks=("layouts 2 x 2 named (dp, tp) and named (tp, dp), 1 x 4 and 4 x 1 on 4 ranks, 2 x 1 and 1 x 2 "
-                "on 2; every torch.distributed collective your code makes is recorded with its group (whose "
-                "ranks must be the mesh's dp group), its op and the bytes this rank passes (each gradient's "
-                "values once); the values, in the tensors given, against one backward of the unsplit model on "
-                "the whole global batch, cut the same way; new_group calls compared across the ranks; "
-                "ddp_tutorial.tensor_parallel is refused"),
-        worker=dp_grad_average_worker, world_sizes=(4, 2),
-        hang_hint=("a collective over a sub-group meets only that group's ranks, and every rank must call "
-                   "new_group for every group, in the same order: do all ranks of the group reach the same "
-                   "collective?")),
-]
+DP_GRAD_AVERAGE = Exercise(
+    name="dp_grad_average", number="15.2", lesson=15, notebook="15_tensor_parallel.ipynb",
+    title="the gradient all-reduce of a dp x tp mesh, over dp only", level="medium",
+    task=("On a dp x tp DeviceMesh, each rank holds the gradients of its tensor-parallel pieces of "
+          "ToyModel (net1's rows, net2's columns, the replicated net2.bias) computed on its dp share of "
+          "the batch. Average them in place into the whole global batch's gradients, communicating only "
+          "among the ranks that hold the same pieces."),
+    hint=("Two kinds of neighbours on the mesh: the tp ranks of a row hold different pieces of the same "
+          "weight and saw the same rows; the dp ranks of a column hold the same piece and saw different "
+          "rows. Which of the two does an average of copies concern? And the replicated bias: what do its "
+          "tp copies already hold?"),
+    more_hints=(
+        "A DeviceMesh gives each named dimension its own process group, so a collective can meet the ranks "
+        "of one dimension only; the default group is every rank. The mean over k copies is their sum "
+        "divided by k, or one reduction op that averages. The replicated bias's tp copies are already "
+        "equal: it needs nothing over tp.",
+        "For each gradient g, in place: g <- (sum of g over the ranks of this rank's dp group) / (that "
+        "group's size). The group is the mesh's, looked up by the name \"dp\" (mesh.get_group takes it), "
+        "its size from dist.get_world_size(group); never the default group, never tp, whatever order the "
+        "dimensions were named in."),
+    checks=("layouts 2 x 2 named (dp, tp) and named (tp, dp), 1 x 4 and 4 x 1 on 4 ranks, 2 x 1 and 1 x 2 "
+            "on 2; every torch.distributed collective your code makes is recorded with its group (whose "
+            "ranks must be the mesh's dp group), its op and the bytes this rank passes (each gradient's "
+            "values once); the values, in the tensors given, against one backward of the unsplit model on "
+            "the whole global batch, cut the same way; new_group calls compared across the ranks; "
+            "ddp_tutorial.tensor_parallel and ddp_tutorial.capstone are refused"),
+    worker=dp_grad_average_worker, world_sizes=(4, 2),
+    hang_hint=("a collective over a sub-group meets only that group's ranks, and every rank must call "
+               "new_group for every group, in the same order: do all ranks of the group reach the same "
+               "collective?"))
