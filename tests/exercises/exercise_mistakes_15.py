@@ -32,10 +32,11 @@ BY_HAND = HEAD + '''def dp_grad_average(mesh, grads):
 MISTAKES = {
     "dp_grad_average all-reduces on the default (world) group": (
         NAME, broken(NAME, REDUCE, "        dist.all_reduce(grad)\n"),
-        ["world of 4", "over all 4 ranks (the default group), not the dp group [0, 2]", "numbers are wrong"], 60),
+        ["world of 4", "over all 4 ranks (the default group), not the dp group [0, 2]",
+         "adds up the tp ranks' different shards", "numbers are wrong"], 60),
     "dp_grad_average all-reduces over the tp group": (
         NAME, broken(NAME, GROUP, '    group = mesh.get_group("tp")\n'),
-        ["over the tp group [0, 1], not the dp group [0, 2]"], 60),
+        ["over the tp group [0, 1], not the dp group [0, 2]", "different shards", "numbers are wrong"], 60),
     "dp_grad_average builds the dp groups by hand from contiguous ranks": (
         NAME, broken(NAME, GROUP, "    r = dist.get_rank()\n"
                                   "    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]\n"
@@ -57,12 +58,13 @@ MISTAKES = {
                      "        copies = [torch.empty_like(grad) for _ in range(size)]\n"
                      "        dist.all_gather(copies, grad, group=group)\n"
                      "        grad.copy_(torch.stack(copies).mean(0))\n"),
-        ["dist.all_gather over the dp group [0, 2]", "numbers happen to be right", "use dist.all_reduce"], 60),
+        ["dist.all_gather over the dp group [0, 2]", "2 times the data received", "numbers happen to be right",
+         "use dist.all_reduce"], 60),
     "dp_grad_average also averages the replicated bias over tp: right numbers, extra traffic": (
         NAME, broken(NAME, DIVIDE, DIVIDE + "    bias = grads['net2.bias']\n"
                                             "    dist.all_reduce(bias, group=mesh.get_group('tp'))\n"
                                             "    bias.div_(dist.get_world_size(mesh.get_group('tp')))\n"),
-        ["over the tp group [0, 1]", "numbers happen to be right"], 60),
+        ["net2.bias ran over the tp group [0, 1]", "already equal", "numbers happen to be right"], 60),
     "dp_grad_average replaces the dict entries instead of writing in place": (
         NAME, broken(NAME, "    for grad in grads.values():\n" + REDUCE + DIVIDE,
                      "    for name, grad in grads.items():\n" + REDUCE + "        grads[name] = grad / size\n"),

@@ -65,38 +65,54 @@ def group_ranks(call: LibraryCall) -> list[int]:
     return sorted(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
 
 
-def payload(call: LibraryCall) -> int:
-    """The bytes of the tensors a call was given (for all_reduce: what this rank contributes)."""
+def nbytes(call: LibraryCall, *names: str) -> int:
+    """The bytes of a call's tensor arguments called ``names`` (lists of tensors counted whole)."""
     tensors = []
-    for value in call.arguments.values():
+    for value in (call.arguments.get(n) for n in names):
         tensors += value if isinstance(value, (list, tuple)) else [value]
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
 
-def wrong_traffic(calls: list[LibraryCall], mine: dict[str, list[int]], mesh_groups: list[Any], dp: int,
-                  world: int, total: int) -> str | None:
-    """What is wrong with the collectives: kind, group, op, bytes (None: all-reduces over dp, each value once).
+SENT = ("tensor", "input_tensor", "input", "input_list")  # what a rank puts in
+RECEIVED = ("tensor_list", "output_tensor", "output", "output_list")  # where the others' data lands
 
-    ``mesh_groups`` are the mesh's own groups: any other group but the default one was made by hand.
+
+def which_group(c: LibraryCall, ranks: list[int], mine: dict[str, list[int]], mesh_groups: list[Any],
+                world: int) -> str:
+    """How to name the group a call ran over that is not this rank's dp group."""
+    group = c.arguments.get("group")
+    if group is not None and group is not dist.group.WORLD and all(group is not g for g in mesh_groups):
+        which = " (the tp group's ranks)" if ranks == mine["tp"] else ""
+        return (f"over a group made by hand with new_group, ranks {ranks}{which}, but this rank's dp group is "
+                f"{mine['dp']}: the ranks of a dp group depend on the mesh's order of dimensions (strided "
+                "when tp is the inner one); mesh.get_group(\"dp\") is the mesh's own")
+    if ranks == list(range(world)):
+        return f"over all {world} ranks (the default group), not the dp group {mine['dp']}"
+    if ranks == mine["tp"]:
+        return f"over the tp group {ranks}, not the dp group {mine['dp']}"
+    return f"over ranks {ranks}, but this rank's dp group is {mine['dp']}"
+
+
+def wrong_traffic(calls: list[LibraryCall], mine: dict[str, list[int]], mesh_groups: list[Any],
+                  bias: torch.Tensor, dp: int, world: int, total: int) -> str | None:
+    """What is wrong with the collectives: group, op, kind, bytes (None: all-reduces over dp, each value once).
+
+    ``mesh_groups`` are the mesh's own groups (any other but the default was made by hand);
+    ``bias`` is the replicated gradient, whose tp copies are equal from the start.
     """
     for c in calls:
-        ranks, group = group_ranks(c), c.arguments.get("group")
+        ranks = group_ranks(c)
         if ranks == mine["dp"]:
             continue
-        by_hand = group is not None and group is not dist.group.WORLD and all(group is not g for g in mesh_groups)
-        if by_hand:
-            which = " (the tp group's ranks)" if ranks == mine["tp"] else ""
-            where = (f"over a group made by hand with new_group, ranks {ranks}{which}, but this rank's dp group is "
-                     f"{mine['dp']}: the ranks of a dp group depend on the mesh's order of dimensions (strided "
-                     "when tp is the inner one); mesh.get_group(\"dp\") is the mesh's own")
-        elif ranks == list(range(world)):
-            where = f"over all {world} ranks (the default group), not the dp group {mine['dp']}"
-        elif ranks == mine["tp"]:
-            where = f"over the tp group {ranks}, not the dp group {mine['dp']}"
-        else:
-            where = f"over ranks {ranks}, but this rank's dp group is {mine['dp']}"
-        return (f"dist.{c.name} ran {where}. {payload(c)} bytes went over a group whose ranks hold different "
-                "shards or the same data, not the data-parallel copies of this rank's pieces")
+        where = which_group(c, ranks, mine, mesh_groups, world)
+        if len(mine["tp"]) > 1 and set(mine["tp"]) <= set(ranks) and c.arguments.get("tensor") is bias:
+            return (f"dist.{c.name} of net2.bias ran {where}. Its tp copies are already equal (replicated: every tp "
+                    f"rank of a row computed the whole of it), so the {nbytes(c, *SENT)} bytes sent over tp "
+                    "are for nothing: it is averaged over dp like the shards")
+        mixes = (" and adds up the tp ranks' different shards of one weight" if set(mine["tp"]) <= set(ranks)
+                 and len(mine["tp"]) > 1 else "")
+        return (f"dist.{c.name} ran {where}. It sent {nbytes(c, *SENT)} bytes over ranks that are not the "
+                f"data-parallel copies of this rank's pieces{mixes}")
     for c in calls:
         op = c.arguments.get("op", dist.ReduceOp.SUM)
         if c.name == "all_reduce" and op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
@@ -105,12 +121,13 @@ def wrong_traffic(calls: list[LibraryCall], mine: dict[str, list[int]], mesh_gro
     others = [c for c in calls if c.name != "all_reduce"]
     if others:
         c = others[0]
-        return (f"dist.{c.name} over the dp group {mine['dp']}: {payload(c)} bytes passed for one gradient, where "
-                f"an all_reduce passes its own {total} bytes for all four; gathering the {dp} copies and averaging "
-                f"them yields the right numbers but moves and stores {dp} times the data: use dist.all_reduce")
-    sent = sum(payload(c) for c in calls)
+        return (f"dist.{c.name} over the dp group {mine['dp']} brought {nbytes(c, *RECEIVED)} bytes into this rank "
+                f"for a {nbytes(c, *SENT)}-byte gradient, to average the {dp} copies locally: the right numbers, "
+                f"but {dp} times the data received and stored. dist.all_reduce sums in place, each rank ending "
+                "with one copy: use dist.all_reduce")
+    sent = sum(nbytes(c, *SENT) for c in calls)
     if dp > 1 and sent != total:
-        return (f"the all-reduces over the dp group passed {sent} bytes, but the four gradients hold {total}: "
+        return (f"the all-reduces over the dp group sent {sent} bytes, but the four gradients hold {total}: "
                 "each gradient's values once, no more, no fewer")
     return None
 
@@ -191,7 +208,7 @@ def dp_grad_average_worker(rank: int, world_size: int, source: str, function: st
                 return f"{function} returned {type(result).__name__}: it works in place and returns None"
             total = sum(t.numel() * t.element_size() for t in given.values())
             wrong = wrong_traffic([c for c in recorded if not c.nested], mine,
-                                  [mesh.get_group(n) for n in names], dp, world_size, total)
+                                  [mesh.get_group(n) for n in names], given["net2.bias"], dp, world_size, total)
             if wrong:
                 values = wrong_values(grads, given, local, want, dp, world_size)
                 return wrong + (f". And the numbers are wrong: {values}" if values else
