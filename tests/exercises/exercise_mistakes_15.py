@@ -69,6 +69,9 @@ MISTAKES = {
         NAME, broken(NAME, "    for grad in grads.values():\n" + REDUCE + DIVIDE,
                      "    for name, grad in grads.items():\n" + REDUCE + "        grads[name] = grad / size\n"),
         ["was replaced by a new tensor", "in place"], 60),
+    "dp_grad_average returns without communicating": (
+        NAME, HEAD + "def dp_grad_average(mesh, grads):\n    return None\n",
+        ["net1.weight's gradient is unchanged", "not the mean of its dp group"], 60),
 }
 
 ALSO_RIGHT = {

@@ -7,6 +7,9 @@ output, ``x.grad``, ``b2.grad`` and each shard's gradient with the unsplit MLP's
 collectives are counted with torch's ``CommDebugMode``, which sees ``dist.all_reduce`` as
 well as functional collectives and DTensor's: one all-reduce in forward (``g``), one in
 backward (``f``).
+
+Exercise 15.2, the gradient all-reduce of a ``dp x tp`` mesh over ``dp`` only, is checked in
+``mesh_gradients`` and listed here.
 """
 
 from __future__ import annotations

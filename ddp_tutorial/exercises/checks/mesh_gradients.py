@@ -126,7 +126,7 @@ def wrong_traffic(calls: list[LibraryCall], mine: dict[str, list[int]], mesh_gro
                 f"but {dp} times the data received and stored. dist.all_reduce sums in place, each rank ending "
                 "with one copy: use dist.all_reduce")
     sent = sum(nbytes(c, *SENT) for c in calls)
-    if dp > 1 and sent != total:
+    if dp > 1 and calls and sent != total:  # none at all: the values say what is missing
         return (f"the all-reduces over the dp group sent {sent} bytes, but the four gradients hold {total}: "
                 "each gradient's values once, no more, no fewer")
     return None
@@ -207,7 +207,8 @@ def dp_grad_average_worker(rank: int, world_size: int, source: str, function: st
             if result is not None:
                 return f"{function} returned {type(result).__name__}: it works in place and returns None"
             total = sum(t.numel() * t.element_size() for t in given.values())
-            wrong = wrong_traffic([c for c in recorded if not c.nested], mine,
+            calls = [c for c in recorded if not c.nested]  # not those new_group's comparison made
+            wrong = wrong_traffic(calls, mine,
                                   [mesh.get_group(n) for n in names], given["net2.bias"], dp, world_size, total)
             if wrong:
                 values = wrong_values(grads, given, local, want, dp, world_size)
@@ -216,7 +217,7 @@ def dp_grad_average_worker(rank: int, world_size: int, source: str, function: st
             wrong = wrong_values(grads, given, local, want, dp, world_size)
             if wrong:
                 return wrong
-            if dp > 1 and not recorded:
+            if dp > 1 and not calls:
                 return ("the gradients are right, but no torch.distributed collective was seen: use "
                         "dist.all_reduce(..., group=...) (functional collectives and DTensor are not judged here)")
             return None
