@@ -24,7 +24,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-NBVAL  := --nbval --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with tests/nbval_sanitize.cfg
+NBVAL  := -p tests.nbval_kernel_retry --nbval --nbval-current-env --nbval-cell-timeout=300 --nbval-sanitize-with tests/nbval_sanitize.cfg
 export OMP_NUM_THREADS ?= 1
 export PYTHONHASHSEED = 0
 # Tests, nbval and regenerated notebooks see the committed exercise stubs, never a learner's

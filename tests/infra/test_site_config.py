@@ -5,6 +5,7 @@ import importlib
 import importlib.util
 import inspect
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -85,3 +86,21 @@ def test_benchmark_commands_name_real_subcommands():
 
     shown = [c.args.split()[0] for cs in lessons.COMMANDS.values() for c in cs if c.module == "bench"]
     assert shown and set(shown) <= set(SUBCOMMANDS) | {"all"}, shown
+
+
+def test_the_site_hides_what_jupyterlab_collapses():
+    """Issue 37: a solution cell, collapsed in JupyterLab, is a closed "Show code cell content" on the site."""
+    pytest.importorskip("sphinx")
+    import course_site
+
+    hidden = 0
+    for name in lessons.lesson_names(ROOT / "notebooks"):
+        path = ROOT / "notebooks" / f"{name}.ipynb"
+        stored = json.loads(path.read_text())["cells"]
+        shown = json.loads(course_site.site_notebook(path))["cells"]
+        assert [c["source"] for c in shown] == [c["source"] for c in stored]
+        for cell, site_cell in zip(stored, shown):
+            collapsed = cell["metadata"].get("jupyter", {}).get("source_hidden", False)
+            assert ("hide-cell" in site_cell["metadata"].get("tags", [])) == collapsed, "".join(cell["source"])[:80]
+            hidden += collapsed
+    assert hidden >= 20
