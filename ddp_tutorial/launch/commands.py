@@ -71,6 +71,15 @@ def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] =
     return cmd + ["-m", module] + [str(a) for a in args]
 
 
+def as_shell(cmd: Sequence[str]) -> str:
+    """``cmd`` as a person types it (lessons 09, 11): ``torchrun`` for ``python -m torch.distributed.run``,
+    and the free port ``torchrun_command`` chose as ``$PORT`` (it differs from run to run)."""
+    if list(cmd[1:3]) == ["-m", "torch.distributed.run"]:
+        cmd = ["torchrun", *cmd[3:]]
+    return " ".join("--master-port=$PORT" if part.startswith("--master-port=") and part[14:].isdigit() else part
+                    for part in cmd)
+
+
 def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,
              timeout: float = 300.0, check: bool = True, env: dict | None = None,
              threads: int | None = None, on_line: OnLine | None = None, **opts: Any) -> TorchrunResult:
