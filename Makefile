@@ -36,9 +36,10 @@ unit test-slow nbval nbval-portable notebooks: export DDP_TUTORIAL_EXERCISES_FRE
 
 .PHONY: install demo test test-slow lint unit nbval nbval-portable lab notebooks bench bench-reference doctor gpu-check clean slurm-test
 
-# TORCH= (the default): PyPI's torch, the CUDA build on Linux x86-64 (a 6.1 GB .venv, 3-5 minutes).
+# TORCH= (the default): PyPI's torch, the CUDA build on Linux x86-64 (a 6.1 GB .venv, about 3 minutes).
 # TORCH=cpu: the CPU build from PyTorch's own index (its torch wheel: about 190 MB to download,
-# 0.7 GB unpacked, with no NVIDIA libraries). It applies when .venv is created: `make clean` first.
+# 0.7 GB unpacked, needing no NVIDIA libraries nor Triton: a .venv of about 1.6 GB). It applies when
+# .venv is created: on a fresh clone, or after `make clean`.
 TORCH ?=
 TORCH_INDEX_cpu := --extra-index-url https://download.pytorch.org/whl/cpu
 ifneq ($(filter-out cpu,$(TORCH)),)
