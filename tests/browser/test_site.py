@@ -170,7 +170,7 @@ def test_every_lesson_page_has_its_title_and_run_commands(site):
         assert plain_quotes(facts["title"]).startswith(title + " \u2014 "), (name, facts["title"], title)
         assert plain_quotes(facts["h1"]).strip().rstrip("#").strip() == title, (name, facts["h1"])
         assert f"jupyter lab notebooks/{name}.ipynb" in facts["runBox"], name
-        assert re.search(r"(torchrun --standalone --nproc-per-node=\d|python) -m ddp_tutorial", facts["runBox"]), name
+        assert re.search(r"(torchrun --master-addr=127\.0\.0\.1 --master-port=29500 --nproc-per-node=\d|python) -m ddp_tutorial", facts["runBox"]), name
 
 
 def test_every_image_is_decoded(site):

@@ -38,13 +38,22 @@ def test_every_command_runs_a_real_module(command):
 
 def test_command_lines():
     hello, doctor = lessons.COMMANDS["00_start_here"]
-    assert hello.lines() == ["# the first all-reduce", "torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.comm.hello"]
+    assert hello.lines() == ["# the first all-reduce", (
+        "torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node=2 -m ddp_tutorial.comm.hello")]
     assert doctor.line() == "python -m ddp_tutorial"
     jupyter, shell = lessons.run_instructions("14_sharding")
     assert "jupyter lab notebooks/14_sharding.ipynb" in jupyter
-    assert shell.splitlines()[1:] == ["torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.sharding.zero",
-                                      "torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp"]
+    assert shell.splitlines()[1:] == [
+        "torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node=2 -m ddp_tutorial.sharding.zero",
+        "torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp"]
     assert lessons.run_instructions("99_not_a_lesson")[1] == ""
+    # every torchrun line of every lesson page: one node on loopback, never --standalone (lesson 09)
+    for commands in lessons.COMMANDS.values():
+        for command in commands:
+            if command.nproc is not None:
+                assert command.line().startswith(
+                    "torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node="), command
+                assert "--standalone" not in command.line(), command
 
 
 def rst_problems(lines: list[str]) -> str:
