@@ -1,8 +1,11 @@
-"""Command line of the benchmarks: ``python -m ddp_tutorial.bench {launch,...,all} [--json] [--plot PATH]``."""
+"""Command line of the benchmarks: ``python -m ddp_tutorial.bench {launch,...,all} [--json] [--plot PATH]``.
+
+Every option is checked before the first benchmark runs (``common.BenchParser``, ``common.output_problem``):
+a zero count or an output path that cannot be written is one line and exit 2, not results lost at the end.
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -11,10 +14,13 @@ import sys
 import time
 
 from ddp_tutorial.bench import SUBCOMMANDS, subcommand
+from ddp_tutorial.bench.common import BenchParser, output_problem
+
+OUTPUTS = ("json", "plot", "machine")  # the options that name a file to write
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.bench", description=__doc__)
+    parser = BenchParser(prog="python -m ddp_tutorial.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS + ["all"]:
         module = None if name == "all" else subcommand(name)
@@ -26,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         if module and hasattr(module, "add_arguments"):
             module.add_arguments(p)
     args = parser.parse_args(argv)
+    for option in OUTPUTS:
+        path = getattr(args, option)
+        problem = path is not None and not (option == "json" and path == "-") and output_problem(path)
+        if problem:
+            sub.choices[args.command].error(f"--{option} {path}: cannot write it: {problem}")
     names = SUBCOMMANDS if args.command == "all" else [args.command]
     started, load_before = time.monotonic(), _loadavg()
     results, modules = [], []
