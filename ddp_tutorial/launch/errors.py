@@ -3,8 +3,9 @@
 A command line that may run under torchrun (``training.train``, ``capstone.composed``,
 ``tensor_parallel.split_mlp``, ...) refuses a bad option in one line, said once per node by
 local rank 0 (``report``, ``UsageParser``, ``usage_error``), before any process group: every rank
-finds the same fault in the same options and environment, so the others exit with the same
-code silently. Ctrl-C ends such a command with one line and ``INTERRUPTED_EXIT_CODE``.
+finds the same fault in the same options and environment (``check_world_size`` reads torchrun's
+``WORLD_SIZE``), so the others exit with the same code silently. Ctrl-C ends such a command with
+one line and ``INTERRUPTED_EXIT_CODE`` (``exit_on_interrupt``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import argparse
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import TracebackType
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
-from ddp_tutorial.env import NotLaunchedError, local_rank
+from ddp_tutorial.env import NotLaunchedError, local_rank, rank_info
+
+T = TypeVar("T")
 
 USAGE_EXIT_CODE = 2  # what argparse exits with on a bad option
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
@@ -163,3 +167,25 @@ class UsageParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         usage_error(self.prog, message)
+
+
+def check_world_size(prog: str, check: Callable[[int], T], *, advice: str = "") -> T:
+    """``check(world_size)`` with the launcher's world size (1 without torchrun), before any process group:
+    its ``ValueError`` (an uneven split, a layout of another size) is a usage error, said once per node,
+    followed by ``advice`` (what to do)."""
+    try:
+        return check(rank_info().world_size)
+    except NotLaunchedError as err:
+        usage_error(prog, str(err))
+    except ValueError as err:
+        usage_error(prog, f"{err}; {advice}" if advice else str(err))
+
+
+@contextmanager
+def exit_on_interrupt(prog: str, note: str) -> Iterator[None]:
+    """Ctrl-C inside: one line, ``PROG: interrupted: NOTE``, once per node, and exit 130, no traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        report(f"{prog}: interrupted: {note}")
+        raise SystemExit(INTERRUPTED_EXIT_CODE) from None
