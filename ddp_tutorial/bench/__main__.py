@@ -19,7 +19,8 @@ from ddp_tutorial.bench.common import BenchParser, output_problem
 OUTPUTS = ("json", "plot", "machine")  # the options that name a file to write
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> tuple[BenchParser, dict[str, BenchParser]]:
+    """The parser, and each subcommand's (its own options, ``--json``, ``--plot``, ``--machine``) by name."""
     parser = BenchParser(prog="python -m ddp_tutorial.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS + ["all"]:
@@ -31,19 +32,24 @@ def main(argv: list[str] | None = None) -> int:
                        help="also write what the run ran on (CPUs, GPUs, versions, load average) as JSON")
         if module and hasattr(module, "add_arguments"):
             module.add_arguments(p)
+    return parser, sub.choices
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = build_parser()
     args = parser.parse_args(argv)
     for option in OUTPUTS:
         path = getattr(args, option)
         problem = path is not None and not (option == "json" and path == "-") and output_problem(path)
         if problem:
-            sub.choices[args.command].error(f"--{option} {path}: cannot write it: {problem}")
+            commands[args.command].error(f"--{option} {path}: cannot write it: {problem}")
     names = SUBCOMMANDS if args.command == "all" else [args.command]
     started, load_before = time.monotonic(), _loadavg()
     results, modules = [], []
     for name in names:
         module = subcommand(name)
         if args.command == "all":  # defaults of each subcommand's own options
-            sub_args = sub.choices[name].parse_args([])
+            sub_args = commands[name].parse_args([])
         else:
             sub_args = args
         result = module.run(sub_args)
