@@ -22,7 +22,6 @@ import torch
 from ddp_tutorial.models import SmallCNN, ToyModel
 from ddp_tutorial.training.checkpoint import save_checkpoint
 
-
 TRAIN = ("ddp_tutorial.training.train", "--epochs", "1")
 CHECK = ("ddp_tutorial.exercises", "check", "scatter_p2p")
 BENCH = ("ddp_tutorial.bench",)
