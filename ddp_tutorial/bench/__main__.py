@@ -1,8 +1,11 @@
-"""Command line of the benchmarks: ``python -m ddp_tutorial.bench {launch,...,all} [--json] [--plot PATH]``."""
+"""Command line of the benchmarks: ``python -m ddp_tutorial.bench {launch,...,all} [--json] [--plot PATH]``.
+
+Every option is checked before the first benchmark runs (``common.BenchParser``, ``common.output_problem``):
+a zero count or an output path that cannot be written is one line and exit 2, not results lost at the end.
+"""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -11,10 +14,14 @@ import sys
 import time
 
 from ddp_tutorial.bench import SUBCOMMANDS, subcommand
+from ddp_tutorial.bench.common import BenchParser, output_problem
+
+OUTPUTS = ("json", "plot", "machine")  # the options that name a file to write
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddp_tutorial.bench", description=__doc__)
+def build_parser() -> tuple[BenchParser, dict[str, BenchParser]]:
+    """The parser, and each subcommand's (its own options, ``--json``, ``--plot``, ``--machine``) by name."""
+    parser = BenchParser(prog="python -m ddp_tutorial.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS + ["all"]:
         module = None if name == "all" else subcommand(name)
@@ -25,14 +32,24 @@ def main(argv: list[str] | None = None) -> int:
                        help="also write what the run ran on (CPUs, GPUs, versions, load average) as JSON")
         if module and hasattr(module, "add_arguments"):
             module.add_arguments(p)
+    return parser, sub.choices
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = build_parser()
     args = parser.parse_args(argv)
+    for option in OUTPUTS:
+        path = getattr(args, option)
+        problem = path is not None and not (option == "json" and path == "-") and output_problem(path)
+        if problem:
+            commands[args.command].error(f"--{option} {path}: cannot write it: {problem}")
     names = SUBCOMMANDS if args.command == "all" else [args.command]
     started, load_before = time.monotonic(), _loadavg()
     results, modules = [], []
     for name in names:
         module = subcommand(name)
         if args.command == "all":  # defaults of each subcommand's own options
-            sub_args = sub.choices[name].parse_args([])
+            sub_args = commands[name].parse_args([])
         else:
             sub_args = args
         result = module.run(sub_args)

@@ -28,19 +28,24 @@ from __future__ import annotations
 import argparse
 import logging
 import warnings
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
-import torch
-import torch.distributed as dist
+from ddp_tutorial.capstone.layout import Layout, build_mesh, check_layout, coordinates, microbatches_for
 
-from ddp_tutorial.capstone.chars import VOCAB, char_batch
-from ddp_tutorial.capstone.layout import Layout, LayoutError, build_mesh, check_layout, coordinates, microbatches_for
-from ddp_tutorial.capstone.parallelize import apply_cp, apply_fsdp, apply_tp, fsdp_mesh, pipeline_part
-from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss, train_one_process
-from ddp_tutorial.doctor import older_than
-from ddp_tutorial.env import distributed, rank_device
-from ddp_tutorial.launch.verdict import verdict
-from ddp_tutorial.pipeline_parallel.torch_schedules import SCHEDULES, same_dtype_handshake
+if TYPE_CHECKING or __name__ != "__main__":
+    # Run as a command (python -m), this file parses its options before torch loads, so --help and a
+    # bad option answer at once; main() then imports it as the module ddp_tutorial.capstone.composed.
+    import torch
+    import torch.distributed as dist
+
+    from ddp_tutorial.capstone.chars import VOCAB, char_batch
+    from ddp_tutorial.capstone.parallelize import apply_cp, apply_fsdp, apply_tp, fsdp_mesh, pipeline_part
+    from ddp_tutorial.capstone.reference import GPTRun, make_gpt, next_char_loss, train_one_process
+    from ddp_tutorial.doctor import older_than
+    from ddp_tutorial.env import distributed, rank_device
+    from ddp_tutorial.launch.errors import check_world_size, exit_on_interrupt
+    from ddp_tutorial.launch.verdict import verdict
+    from ddp_tutorial.pipeline_parallel.torch_schedules import SCHEDULES, same_dtype_handshake
 
 if TYPE_CHECKING:  # imported where used: a learner's torch without these still imports the module
     from torch import nn
@@ -48,8 +53,9 @@ if TYPE_CHECKING:  # imported where used: a learner's torch without these still 
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-__all__ = ["TOLERANCE", "Parts", "schedule_for", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "against_one_process", "main"]
+__all__ = ["TOLERANCE", "Parts", "schedule_for", "build", "train_steps", "global_losses", "gather_weights", "composed_worker", "composed_runs", "compare", "against_one_process", "build_parser", "train_layout", "main"]
 
+PROG = "python -m ddp_tutorial.capstone.composed"
 # float64 throughout: the layouts add the same numbers in other orders (sums split over ranks,
 # microbatches), so they differ from one process by rounding only, far below this.
 TOLERANCE = 1e-9
@@ -259,27 +265,50 @@ def against_one_process(result: dict, steps: int, claim: str) -> None:
     verdict(max(compare(result, train_one_process(GPTRun(), steps)).values()) < TOLERANCE, claim)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for dim in ("dp", "tp", "pp", "cp"):
-        parser.add_argument(f"--{dim}", type=int, default=None, help="ranks of this parallelism (default 1)")
-    parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args()
-    given = {d: getattr(args, d) for d in ("dp", "tp", "pp", "cp") if getattr(args, d) is not None}
-    with distributed() as (info, _):
-        if "dp" not in given:  # the ranks the others leave: dp fills the world
-            rest = 1
-            for v in given.values():
-                rest *= v
-            given["dp"] = max(1, info.world_size // rest)
-        try:
-            result = composed_worker(info.rank, info.world_size, given, args.steps)
-        except LayoutError as err:  # every rank refuses the same, before any collective
-            raise SystemExit(f"composed: {err}") from None
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, once per node (torch loads only for a bad option)
+        from ddp_tutorial.launch.errors import usage_error
+
+        usage_error(self.prog, message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, torch-free: ``--help`` and a bad option answer before torch loads."""
+    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--dp", type=int, help="data-parallel ranks (default: the world size / (tp x pp x cp))")
+    for dim, what in (("tp", "tensor-parallel"), ("pp", "pipeline-parallel"), ("cp", "context-parallel")):
+        parser.add_argument(f"--{dim}", type=int, default=1, help=f"{what} ranks (default 1)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps compared with one process (default 3)")
+    return parser
+
+
+def train_layout(given: dict[str, int | None], steps: int) -> None:
+    """The layout checked against the world size and the model before any group (once per node, exit 2), then
+    trained and compared with one process; ``dp``, when not given, fills what the others leave."""
+    def layout_for(world_size: int) -> Layout:
+        dp = given["dp"] or max(1, world_size // (given["tp"] * given["pp"] * given["cp"]))
+        return check_layout(Layout(**dict(given, dp=dp)), world_size, **GPTRun().model_limits())
+
+    layout = check_world_size(PROG, layout_for, advice="python -m ddp_tutorial.capstone.layout --list shows every "
+                              "layout; the sizes must multiply to torchrun's --nproc-per-node")
+    with exit_on_interrupt(PROG, "nothing was saved; run it again"), distributed() as (info, _):
+        result = composed_worker(info.rank, info.world_size, vars(layout), steps)
     if info.is_main:
         print("losses:", " ".join(f"{x:.4f}" for x in result["losses"]))
-        against_one_process(result, args.steps, f"{Layout(**given)} on {info.world_size} ranks trains CharGPT as one process "
-                                    f"does ({args.steps} steps: losses and weights within {TOLERANCE:g})")
+        against_one_process(result, steps, f"{layout} on {info.world_size} ranks trains CharGPT as one process "
+                                           f"does ({steps} steps: losses and weights within {TOLERANCE:g})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m ddp_tutorial.capstone.composed``: parse and check the sizes (no torch yet), then ``train_layout``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for option, value in vars(args).items():
+        if value is not None and value < 1:
+            parser.error(f"--{option} must be at least 1, got {value}")
+    from ddp_tutorial.capstone import composed  # this file as a module, with torch (as __main__ it has none)
+
+    composed.train_layout({d: getattr(args, d) for d in ("dp", "tp", "pp", "cp")}, args.steps)
 
 
 if __name__ == "__main__":

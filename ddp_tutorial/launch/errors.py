@@ -1,10 +1,30 @@
-"""How the launchers report trouble: ranks that failed (and which caused it), an interrupt."""
+"""How the launchers report trouble: ranks that failed (and which caused it), an interrupt, a bad option.
+
+A command line that may run under torchrun (``training.train``, ``capstone.composed``,
+``tensor_parallel.split_mlp``, ...) refuses a bad option in one line, said once per node by
+local rank 0 (``report``, ``UsageParser``, ``usage_error``), before any process group: every rank
+finds the same fault in the same options and environment (``check_world_size`` reads torchrun's
+``WORLD_SIZE``), so the others exit with the same code silently. Ctrl-C ends such a command with
+one line and ``INTERRUPTED_EXIT_CODE`` (``exit_on_interrupt``).
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
+import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import TracebackType
+from typing import NoReturn, TypeVar
+
+from ddp_tutorial.env import NotLaunchedError, local_rank, rank_info
+
+T = TypeVar("T")
+
+USAGE_EXIT_CODE = 2  # what argparse exits with on a bad option
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
 
 # A rank's report: (message, remote traceback, stage), stage "init" (setting up the group) or "run".
 Report = tuple[str, str, str]
@@ -117,3 +137,55 @@ def rank_range(ranks: Sequence[int]) -> str:
     if ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"ranks {ranks[0]}-{ranks[-1]}"
     return "ranks " + ", ".join(map(str, ranks))
+
+
+def speaks_for_node() -> bool:
+    """Local rank 0 reports for its node; with a broken launcher environment, every rank does."""
+    try:
+        return local_rank() == 0
+    except NotLaunchedError:
+        return True
+
+
+def report(line: str) -> None:
+    """One line on stderr, once per node: every rank fails alike, local rank 0 says why."""
+    if speaks_for_node():
+        print(line, file=sys.stderr, flush=True)
+    else:
+        time.sleep(1.0)  # torchrun stops the job at the first exit: let local rank 0 say why first
+
+
+def usage_error(prog: str, message: str) -> NoReturn:
+    """``PROG: error: MESSAGE`` once per node (``report``), then exit 2, as argparse does for a bad option."""
+    report(f"{prog}: error: {message}")
+    sys.exit(USAGE_EXIT_CODE)
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (``usage_error``) instead of the usage and the error,
+    once per node; its subcommands' parsers are ``UsageParser`` too."""
+
+    def error(self, message: str) -> NoReturn:
+        usage_error(self.prog, message)
+
+
+def check_world_size(prog: str, check: Callable[[int], T], *, advice: str = "") -> T:
+    """``check(world_size)`` with the launcher's world size (1 without torchrun), before any process group:
+    its ``ValueError`` (an uneven split, a layout of another size) is a usage error, said once per node,
+    followed by ``advice`` (what to do)."""
+    try:
+        return check(rank_info().world_size)
+    except NotLaunchedError as err:
+        usage_error(prog, str(err))
+    except ValueError as err:
+        usage_error(prog, f"{err}; {advice}" if advice else str(err))
+
+
+@contextmanager
+def exit_on_interrupt(prog: str, note: str) -> Iterator[None]:
+    """Ctrl-C inside: one line, ``PROG: interrupted: NOTE``, once per node, and exit 130, no traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        report(f"{prog}: interrupted: {note}")
+        raise SystemExit(INTERRUPTED_EXIT_CODE) from None

@@ -25,19 +25,20 @@ backward. So one all-reduce in forward and one in backward per MLP.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.errors import UsageParser, check_world_size, exit_on_interrupt
 from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import ToyModel
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
 
 __all__ = ["TOLERANCE", "CopyToParallel", "ReduceFromParallel", "f", "g", "make_mlp", "shard_range", "expected_shard",
            "TensorParallelMLP", "hand_tp_worker", "one_process", "compare", "main"]
+
+PROG = "python -m ddp_tutorial.tensor_parallel.split_mlp"
 
 # float32 keeps about 7 significant digits (1.2e-7 between neighbours near 1). A split sums each
 # output over the hidden units in other groups (per rank, then across ranks), so its last digit
@@ -189,16 +190,19 @@ def compare(results: list[dict], reference: dict) -> dict:
     return diff
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=8, help="hidden units, a multiple of the world size")
-    parser.add_argument("--batch-size", type=int, default=4)
-    args = parser.parse_args()
-    with distributed() as (info, _):
-        try:
-            result = hand_tp_worker(info.rank, info.world_size, args.hidden, args.batch_size)
-        except ValueError as err:  # every rank refuses an uneven split, before any collective
-            raise SystemExit(f"tensor_parallel: {err}") from None
+def main(argv: list[str] | None = None) -> None:
+    parser = UsageParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=8, help="hidden units, a multiple of the world size (default 8)")
+    parser.add_argument("--batch-size", type=int, default=4, help="(default 4)")
+    args = parser.parse_args(argv)
+    for option, value in (("--hidden", args.hidden), ("--batch-size", args.batch_size)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1, got {value}")
+    # Every rank would refuse an uneven split alike: said once, from torchrun's WORLD_SIZE, before any group.
+    check_world_size(PROG, lambda world_size: shard_range(args.hidden, 0, world_size),
+                     advice="choose --hidden a multiple of torchrun's --nproc-per-node")
+    with exit_on_interrupt(PROG, "nothing was saved; run it again"), distributed() as (info, _):
+        result = hand_tp_worker(info.rank, info.world_size, args.hidden, args.batch_size)
         results = [None] * info.world_size
         dist.all_gather_object(results, result)
     if info.is_main:

@@ -3,18 +3,17 @@
 Used by ``train`` (``11_train_end_to_end`` builds a ``TrainConfig`` for ``launch.spawn``;
 ``09_torchrun`` and ``16_cluster`` pass these options to torchrun and srun). Every rule on the
 options lives in ``check_config``, checked before any process group or data: a bad option
-is one line and exit 2, said once per node (local rank 0), never once per rank.
+is one line and exit 2, said once per node (local rank 0), never once per rank
+(``launch.errors``: ``report``, ``UsageParser``; ``speaks_for_node`` and ``report`` are re-exported here).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
-import time
 from dataclasses import dataclass
 
-from ddp_tutorial.env import NotLaunchedError, local_rank
+from ddp_tutorial.launch.errors import UsageParser, report, speaks_for_node
 from ddp_tutorial.models import TRAIN_MODELS
 from ddp_tutorial.training.data import DATASETS
 from ddp_tutorial.training.preemption import PREEMPTED_EXIT_CODE, signal_names
@@ -96,31 +95,10 @@ def check_config(config: TrainConfig) -> None:
         if given and not config.checkpoint:
             raise ConfigError(f"{option} needs --checkpoint PATH: the file to resume from and to save to")
 
-def speaks_for_node() -> bool:
-    """Local rank 0 reports for its node; with a broken launcher environment, every rank does."""
-    try:
-        return local_rank() == 0
-    except NotLaunchedError:
-        return True
-
-
-def report(line: str) -> None:
-    """One line on stderr, once per node: every rank fails alike, local rank 0 says why."""
-    if speaks_for_node():
-        print(line, file=sys.stderr, flush=True)
-    else:
-        time.sleep(1.0)  # torchrun stops the job at the first exit: let local rank 0 say why first
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, printed once per node, instead of usage + error
-        report(f"{self.prog}: error: {message}")
-        self.exit(2)
-
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
-    p = _Parser(prog="python -m ddp_tutorial.training.train",
+    p = UsageParser(prog="python -m ddp_tutorial.training.train",
                 description="End-to-end DDP training: one program that runs alone, under torchrun, or from a notebook.")
     p.add_argument("--dataset", choices=DATASETS, default=d.dataset)
     p.add_argument("--data-dir", default=d.data_dir, help="folder of the cifar10 data")

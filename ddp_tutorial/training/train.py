@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 
 from ddp_tutorial.env import NotLaunchedError, distributed, rank_info
 from ddp_tutorial.launch import watched_live
+from ddp_tutorial.launch.errors import INTERRUPTED_EXIT_CODE  # 130, as every command line's Ctrl-C
 from ddp_tutorial.models import build_model
 from ddp_tutorial.training.checkpoint import (
     CheckpointError,
@@ -71,7 +72,6 @@ __all__ = ["TrainConfig", "ConfigError", "build_parser", "default_model", "train
            "maybe_fail", "main"]
 
 FAILURE_EXIT_CODE = 13
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
 # What build() reads back from a checkpoint (epoch_state writes them); model_name and dataset are compared.
 RESUME_KEYS = ("model", "optimizer", "rng", "epoch", "step", "history", "model_name", "dataset")
 

@@ -1,8 +1,11 @@
-"""Every bad input of ``python -m ddp_tutorial.training.train`` (issue 38): the line it must print, its exit code.
+"""Every bad input of the course's command lines (issue 38): the line it must print, its exit code.
 
-``test_bad_inputs.py`` runs each as a real process (``make test-slow``) and asserts one line on
-stderr holding ``says``, exit ``code``, no traceback, and no epoch trained. ``args`` gets a fresh
-scratch folder, for the files a case needs.
+``test_bad_inputs.py`` runs each as a real process (``make test-slow``): ``python -m COMMAND ARGS``,
+or under torchrun with ``nproc`` processes, and asserts one line on stderr holding ``says`` (under
+torchrun: said once in the whole output), exit ``code``, no traceback, and no work done (training:
+no epoch; the others: nothing on stdout). ``args`` gets a fresh scratch folder, for the files a
+case needs. The commands: ``training.train`` (the default), ``exercises check``, ``bench``,
+``capstone.composed``, ``tensor_parallel.split_mlp``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ import torch
 from ddp_tutorial.models import SmallCNN, ToyModel
 from ddp_tutorial.training.checkpoint import save_checkpoint
 
+TRAIN = ("ddp_tutorial.training.train", "--epochs", "1")
+CHECK = ("ddp_tutorial.exercises", "check", "scatter_p2p")
+BENCH = ("ddp_tutorial.bench",)
+COMPOSED = ("ddp_tutorial.capstone.composed",)
+SPLIT_MLP = ("ddp_tutorial.tensor_parallel.split_mlp",)
+
 
 @dataclass(frozen=True)
 class BadInput:
@@ -27,6 +36,8 @@ class BadInput:
     says: str
     code: int = 2
     skip: str = ""  # why this machine cannot show it ("" where it can)
+    command: tuple[str, ...] = TRAIN  # the module, and the arguments every case of it starts with
+    nproc: int = 0  # 0: python -m alone; else under torchrun with this many processes
 
 
 AS_ROOT = "root writes and reads whatever the mode bits say" if os.geteuid() == 0 else ""
@@ -149,4 +160,61 @@ CASES = [
         "model": datetime.date(2020, 1, 1)})), "cannot load checkpoint"),
     BadInput("resume from an unreadable file", lambda d: _resume(_written(d, "c.pt", b"x", mode=0)),
              "cannot read checkpoint", skip=AS_ROOT),
+    # python -m ddp_tutorial.exercises check: refused before any rank starts
+    BadInput("check --timeout 0", lambda d: ["--timeout", "0"],
+             "--timeout must be a positive number of seconds, got 0", command=CHECK),
+    BadInput("check --timeout nan", lambda d: ["--timeout", "nan"],
+             "--timeout must be a positive number of seconds, got nan", command=CHECK),
+    BadInput("check --timeout -5", lambda d: ["--timeout", "-5"],
+             "--timeout must be a positive number of seconds, got -5", command=CHECK),
+    BadInput("check --file not UTF-8", lambda d: ["--file", _written(d, "mine.py", 'x = "\xe9"\n'.encode("latin-1"))],
+             "is not UTF-8 text (byte 0xe9 at position 5): save it as UTF-8", command=CHECK),
+    BadInput("check --file missing", lambda d: ["--file", str(d / "mine.py")], "error: no file", command=CHECK),
+    BadInput("check --file a folder", lambda d: ["--file", str(d)],
+             "is a folder; give the Python file that defines the exercise's function", command=CHECK),
+    # python -m ddp_tutorial.bench: every number and output path checked before the first benchmark
+    BadInput("bench launch --repeat 0", lambda d: ["launch", "--repeat", "0"],
+             "argument --repeat: must be at least 1, got 0", command=BENCH),
+    BadInput("bench launch --world-size 0", lambda d: ["launch", "--world-size", "0"],
+             "argument --world-size: must be at least 1, got 0", command=BENCH),
+    BadInput("bench launch --world-size -2", lambda d: ["launch", "--world-size", "-2"],
+             "argument --world-size: must be at least 1, got -2", command=BENCH),
+    BadInput("bench collectives --world-sizes 2 0", lambda d: ["collectives", "--world-sizes", "2", "0"],
+             "argument --world-sizes: must be at least 1, got 0", command=BENCH),
+    BadInput("bench ddp --bucket-cap-mb nan", lambda d: ["ddp", "--bucket-cap-mb", "nan"],
+             "argument --bucket-cap-mb: must be a positive finite number, got nan", command=BENCH),
+    BadInput("bench pipeline --forward-ms 0", lambda d: ["pipeline", "--schedules", "--forward-ms", "0"],
+             "argument --forward-ms: must be a positive finite number, got 0", command=BENCH),
+    BadInput("bench train --steps 0", lambda d: ["train", "--steps", "0"],
+             "argument --steps: must be at least 1, got 0", command=BENCH),
+    BadInput("bench launch --json in a missing folder", lambda d: ["launch", "--json", str(d / "no" / "r.json")],
+             "/no does not exist; create it first", command=BENCH),
+    BadInput("bench launch --json DIRECTORY", lambda d: ["launch", "--json", str(d)],
+             "cannot write it: it is a folder; give a file path", command=BENCH),
+    BadInput("bench launch --json /dev/null/x", lambda d: ["launch", "--json", "/dev/null/x"],
+             "--json /dev/null/x: cannot write it: /dev/null is not a folder", command=BENCH),
+    BadInput("bench all --json /dev/null/x", lambda d: ["all", "--json", "/dev/null/x"],
+             "--json /dev/null/x: cannot write it: /dev/null is not a folder", command=BENCH),
+    BadInput("bench launch --machine /dev/null/x", lambda d: ["launch", "--machine", "/dev/null/x"],
+             "--machine /dev/null/x: cannot write it", command=BENCH),
+    BadInput("bench launch --plot in a read-only folder", lambda d: ["launch", "--plot", _folder(d, 0o555)],
+             "Permission denied; choose a path you can write to", command=BENCH, skip=AS_ROOT),
+    # python -m ddp_tutorial.capstone.composed: sizes and layout, before torch loads or any group
+    BadInput("composed --steps 0", lambda d: ["--steps", "0"], "--steps must be at least 1, got 0", command=COMPOSED),
+    BadInput("composed --dp 0", lambda d: ["--dp", "0"], "--dp must be at least 1, got 0", command=COMPOSED),
+    BadInput("composed --tp -1", lambda d: ["--tp", "-1"], "--tp must be at least 1, got -1", command=COMPOSED),
+    BadInput("composed --pp 0", lambda d: ["--pp", "0"], "--pp must be at least 1, got 0", command=COMPOSED),
+    BadInput("composed --cp 0", lambda d: ["--cp", "0"], "--cp must be at least 1, got 0", command=COMPOSED),
+    BadInput("composed --dp 2 on one process", lambda d: ["--dp", "2"],
+             "layout dp2: dp x tp x pp x cp = 2, but the world has 1 ranks", command=COMPOSED),
+    BadInput("composed --tp 3 (4 heads)", lambda d: ["--tp", "3"],
+             "tp=3 does not divide the 4 attention heads", command=COMPOSED),
+    BadInput("composed --tp 3 under torchrun", lambda d: ["--tp", "3"],
+             "dp x tp x pp x cp = 3, but the world has 2 ranks", command=COMPOSED, nproc=2),
+    # python -m ddp_tutorial.tensor_parallel.split_mlp
+    BadInput("split_mlp --hidden 0", lambda d: ["--hidden", "0"], "--hidden must be at least 1, got 0", command=SPLIT_MLP),
+    BadInput("split_mlp --batch-size 0", lambda d: ["--batch-size", "0"], "--batch-size must be at least 1, got 0",
+             command=SPLIT_MLP),
+    BadInput("split_mlp --hidden 7 under torchrun", lambda d: ["--hidden", "7"],
+             "7 units do not split evenly over 2 ranks; choose --hidden a multiple", command=SPLIT_MLP, nproc=2),
 ]

@@ -1,6 +1,8 @@
-"""The training command line's bad inputs as a user meets them: real processes, one line each (issue 38).
+"""The command lines' bad inputs as a user meets them: real processes, one line each (issue 38).
 
-``bad_inputs.CASES`` is the table; this file runs it, and Ctrl-C and torchrun, under ``make test-slow``.
+``bad_inputs.CASES`` is the table (``ddp_tutorial.training.train``, ``exercises check``, ``bench``,
+``capstone.composed``, ``tensor_parallel.split_mlp``); this file runs it, and Ctrl-C and torchrun,
+under ``make test-slow``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,18 @@ from ddp_tutorial.launch import torchrun
 
 pytestmark = pytest.mark.slow
 COMMAND = [sys.executable, "-m", "ddp_tutorial.training.train"]
+# Ctrl-C, delivered for real (SIGINT to the process itself) once the ranks' group is up: no timing involved.
+INTERRUPTED_IN_TRAINING = """
+import os, signal, sys, time
+from ddp_tutorial.capstone import composed
+
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(60)
+
+composed.composed_worker = interrupted
+composed.main(sys.argv[1:])
+"""
 
 
 @pytest.mark.timeout(300)  # a torch import alone took 30-90 s on 2 cores shared by 7 test runs
@@ -25,13 +39,24 @@ COMMAND = [sys.executable, "-m", "ddp_tutorial.training.train"]
 def test_a_bad_input_is_one_line_and_its_exit_code(case, tmp_path):
     if case.skip:
         pytest.skip(case.skip)
-    done = subprocess.run([*COMMAND, "--epochs", "1", *case.args(tmp_path)], capture_output=True, text=True,
+    if case.nproc:
+        # Every rank finds the fault; local rank 0 alone says it, before the ranks meet.
+        run = torchrun(case.command[0], case.nproc, args=[*case.command[1:], *case.args(tmp_path)], check=False,
+                       timeout=240)
+        assert run.returncode != 0, run.output
+        assert run.output.count(case.says) == 1, run.output
+        assert "ddp_tutorial/" not in run.output, run.output  # no traceback through the course's code
+        return
+    done = subprocess.run([sys.executable, "-m", *case.command, *case.args(tmp_path)], capture_output=True, text=True,
                           timeout=280, env=dict(os.environ, OMP_NUM_THREADS="1"))
     said = done.stderr.strip().splitlines()
     assert done.returncode == case.code, done.stderr
     assert len(said) == 1 and case.says in said[0], done.stderr
     assert "Traceback" not in done.stdout + done.stderr
-    assert "epoch 1/" not in done.stdout  # refused before any training
+    if case.command == bad_inputs.TRAIN:
+        assert "epoch 1/" not in done.stdout  # refused before any training
+    else:
+        assert done.stdout == ""  # refused before any work: no result, no benchmark table, no verdict
 
 
 def _session_alive(pgid: int) -> bool:
@@ -73,3 +98,12 @@ def test_under_torchrun_a_bad_option_is_said_once_before_the_ranks_meet():
     assert run.returncode != 0
     assert run.output.count("SIGKILL cannot be caught") == 1, run.output
     assert "ddp_tutorial/training/" not in run.output, run.output  # no traceback through the course's code
+
+
+@pytest.mark.timeout(150)
+def test_ctrl_c_on_capstone_composed_is_one_line_and_exit_130():
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_TRAINING, "--steps", "2"], capture_output=True,
+                          text=True, timeout=140, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ["python -m ddp_tutorial.capstone.composed: interrupted: nothing was "
+                                                "saved; run it again"], done.stderr
