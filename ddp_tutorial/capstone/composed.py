@@ -25,16 +25,14 @@ and compared with ``reference.train_one_process``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import warnings
-from typing import TYPE_CHECKING, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, NamedTuple
 
-from ddp_tutorial.capstone.layout import Layout, build_mesh, check_layout, coordinates, microbatches_for
+from ddp_tutorial.capstone.layout import Layout, LayoutParser, build_mesh, check_layout, coordinates, microbatches_for
 
 if TYPE_CHECKING or __name__ != "__main__":
-    # Run as a command (python -m), this file parses its options before torch loads, so --help and a
-    # bad option answer at once; main() then imports it as the module ddp_tutorial.capstone.composed.
+    # run as python -m, it parses before torch loads (--help at once); main() then imports it as a module
     import torch
     import torch.distributed as dist
 
@@ -265,19 +263,10 @@ def against_one_process(result: dict, steps: int, claim: str) -> None:
     verdict(max(compare(result, train_one_process(GPTRun(), steps)).values()) < TOLERANCE, claim)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, once per node (torch loads only for a bad option)
-        from ddp_tutorial.launch.errors import usage_error
-
-        usage_error(self.prog, message)
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> LayoutParser:
     """The command line, torch-free: ``--help`` and a bad option answer before torch loads."""
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("--dp", type=int, help="data-parallel ranks (default: the world size / (tp x pp x cp))")
-    for dim, what in (("tp", "tensor-parallel"), ("pp", "pipeline-parallel"), ("cp", "context-parallel")):
-        parser.add_argument(f"--{dim}", type=int, default=1, help=f"{what} ranks (default 1)")
+    parser = LayoutParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_layout_options(dp_fills=True)
     parser.add_argument("--steps", type=int, default=3, help="training steps compared with one process (default 3)")
     return parser
 
@@ -301,11 +290,7 @@ def train_layout(given: dict[str, int | None], steps: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m ddp_tutorial.capstone.composed``: parse and check the sizes (no torch yet), then ``train_layout``."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    for option, value in vars(args).items():
-        if value is not None and value < 1:
-            parser.error(f"--{option} must be at least 1, got {value}")
+    args = build_parser().parse_counts(argv)
     from ddp_tutorial.capstone import composed  # this file as a module, with torch (as __main__ it has none)
 
     composed.train_layout({d: getattr(args, d) for d in ("dp", "tp", "pp", "cp")}, args.steps)

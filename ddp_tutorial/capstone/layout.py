@@ -21,12 +21,12 @@ import argparse
 import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:  # torch.distributed is imported by build_mesh, the one function that needs a group
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["MESH_DIMS", "Layout", "LayoutError", "layout_problems", "microbatches_for", "check_layout", "layouts", "coordinates",
+__all__ = ["MESH_DIMS", "Layout", "LayoutError", "LayoutParser", "layout_problems", "microbatches_for", "check_layout", "layouts", "coordinates",
            "rank_at", "group_ranks", "all_groups", "build_mesh", "mesh_worker", "describe", "main"]
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")  # torchtitan's order, outermost first: tp varies fastest
@@ -185,12 +185,36 @@ def describe(layout: Layout) -> str:
     return "\n".join(lines)
 
 
+class LayoutParser(argparse.ArgumentParser):
+    """The capstone's command lines: torch-free, so ``--help`` answers at once; an error is one line,
+    once per node, exit 2 (``launch.errors``: torch loads only then)."""
+
+    def error(self, message: str) -> NoReturn:
+        from ddp_tutorial.launch.errors import usage_error
+
+        usage_error(self.prog, message)
+
+    def add_layout_options(self, *, dp_fills: bool) -> None:
+        """``--dp --tp --pp --cp``, each at least 1; with ``dp_fills``, ``--dp`` defaults to what the others leave."""
+        dp_help = "data-parallel ranks (default: the world size / (tp x pp x cp))" if dp_fills else "(default 1)"
+        self.add_argument("--dp", type=int, default=None if dp_fills else 1, help=dp_help)
+        for dim, what in (("tp", "tensor-parallel"), ("pp", "pipeline-parallel"), ("cp", "context-parallel")):
+            self.add_argument(f"--{dim}", type=int, default=1, help=f"{what} ranks (default 1)")
+
+    def parse_counts(self, argv: list[str] | None = None) -> argparse.Namespace:
+        """parse_args, then every number given must be at least 1."""
+        args = self.parse_args(argv)
+        for option, value in vars(args).items():
+            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+                self.error(f"--{option} must be at least 1, got {value}")
+        return args
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for dim in ("dp", "tp", "pp", "cp"):
-        parser.add_argument(f"--{dim}", type=int, default=1)
+    parser = LayoutParser(prog="python -m ddp_tutorial.capstone.layout", description=__doc__.splitlines()[0])
+    parser.add_layout_options(dp_fills=False)
     parser.add_argument("--list", action="store_true", help="every layout of up to 8 ranks the model admits")
-    args = parser.parse_args()
+    args = parser.parse_counts()
     if args.list:
         for layout in layouts():
             print(f"{layout.world_size} ranks: {layout}")

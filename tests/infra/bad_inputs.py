@@ -205,6 +205,8 @@ CASES = [
     BadInput("composed --tp -1", lambda d: ["--tp", "-1"], "--tp must be at least 1, got -1", command=COMPOSED),
     BadInput("composed --pp 0", lambda d: ["--pp", "0"], "--pp must be at least 1, got 0", command=COMPOSED),
     BadInput("composed --cp 0", lambda d: ["--cp", "0"], "--cp must be at least 1, got 0", command=COMPOSED),
+    BadInput("layout --tp 0", lambda d: ["--tp", "0"], "--tp must be at least 1, got 0",
+             command=("ddp_tutorial.capstone.layout",)),
     BadInput("composed --dp 2 on one process", lambda d: ["--dp", "2"],
              "layout dp2: dp x tp x pp x cp = 2, but the world has 1 ranks", command=COMPOSED),
     BadInput("composed --tp 3 (4 heads)", lambda d: ["--tp", "3"],
