@@ -13,8 +13,9 @@ world shrinks). Training resumes from rank 0's checkpoint each time. From a shel
         -m ddp_tutorial.cluster.elastic --epochs 40 --checkpoint ckpt.pt --resume
 
     # the failing rank's traceback in torchrun's report and in error.json; every rank's
-    # output in files under logs/, and rank 0's also on the console, prefixed [default0]:
-    TORCHELASTIC_ERROR_FILE=error.json torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node=2 \\
+    # output in files under logs/, and rank 0's also on the console, prefixed [default0]
+    # (PORT: any free port; a taken one stops torchrun):
+    TORCHELASTIC_ERROR_FILE=error.json torchrun --master-addr=127.0.0.1 --master-port=$PORT --nproc-per-node=2 \\
         --log-dir=logs --redirects=3 --tee=3 --local-ranks-filter=0 \\
         -m ddp_tutorial.cluster.elastic --raise-on-rank 1
 
