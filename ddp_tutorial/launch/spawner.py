@@ -9,7 +9,6 @@ import multiprocessing as mp
 import os
 import pickle
 import secrets
-import signal
 import socket
 import sys
 import tempfile
@@ -31,16 +30,9 @@ from ddp_tutorial.launch.errors import (
 )
 from ddp_tutorial.launch.live import LiveView, choose_view
 from ddp_tutorial.launch.output import RankOutput, in_progress, relay
-from ddp_tutorial.launch.procs import (
-    TAG_ENV,
-    Leftover,
-    interrupts_held_back,
-    kill_descendants,
-    kill_tagged,
-    signal_group,
-    still_running,
-)
+from ddp_tutorial.launch.procs import TAG_ENV, Leftover, interrupts_held_back, still_running
 from ddp_tutorial.launch.spec import LOCALHOST, LaunchSpec
+from ddp_tutorial.launch.stopping import stop_ranks
 
 POLL_SECONDS = 0.1  # how often rank output is read while it is shown live
 
@@ -156,16 +148,11 @@ def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, leftovers
             interrupted = True
         finally:
             try:
-                _stop(procs, tag, left)
+                stop_ranks(procs, readers, tag, left)
             except KeyboardInterrupt:  # pressed (again) while they were stopped: delivered once they are
                 interrupted = True
-            _read_what_was_left(readers, left)
-            if left:
-                still_running(list(left))  # SIGKILLed: gone within moments
             if leftovers is not None:
                 leftovers.extend(sorted(left.values()))
-            for c in readers:
-                c.close()
             del store
             flake = retry and is_init_flake(results, errors)
             if not quiet:
@@ -227,49 +214,6 @@ def _show_the_rest(outputs: Sequence[RankOutput], view: LiveView | None) -> None
         if not view.relay_at_end:
             view.show(new, {})
         view.close()
-
-
-def _stop(procs: Sequence[mp.process.BaseProcess], tag: str, left: dict[int, Leftover]) -> None:
-    """Stop every rank and everything it started; wait until they are gone. ``left`` gets the latter, by pid.
-
-    A rank still running is paused first (SIGSTOP), so that it cannot start anything while
-    what it started is killed; then it gets SIGTERM (the exercise checker's ranks write where
-    they are stuck then) and, after a grace, SIGKILL. Last, anything carrying this launch's
-    tag (an orphan of a rank that died abruptly). A Ctrl-C meanwhile (the user pressing it
-    again) waits until they are gone: raised half-way, it would leave processes running.
-    """
-    with interrupts_held_back():
-        running = [(rank, p.pid) for rank, p in enumerate(procs) if p.pid is not None and p.is_alive()]
-        for _, pid in running:
-            signal_group(pid, signal.SIGSTOP, leader_too=False)
-        for rank, pid in running:
-            for child, command in kill_descendants(pid):
-                left.setdefault(child, Leftover(rank, child, command))
-        for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
-            for p in procs:
-                if p.pid is not None:
-                    signal_group(p.pid, sig)  # each rank leads its own group (child.run_rank)
-                    signal_group(p.pid, signal.SIGCONT)  # paused above: now it can handle the signal
-            deadline = time.monotonic() + grace
-            for p in procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-            if not any(p.is_alive() for p in procs):
-                break
-        for pid, rank_tag, command in kill_tagged(f"{tag}:"):
-            left.setdefault(pid, Leftover(int(rank_tag.rsplit(":", 1)[1]), pid, command))
-
-
-def _read_what_was_left(readers: Sequence[Connection], left: dict[int, Leftover]) -> None:
-    """Add what each rank said it stopped (its last message, ``child.run_rank``) to ``left``."""
-    for rank, conn in enumerate(readers):
-        try:
-            while conn.poll():
-                message = pickle.loads(conn.recv_bytes())
-                if message[0] == "left":
-                    for pid, command in message[1]:
-                        left.setdefault(pid, Leftover(rank, pid, command))
-        except (EOFError, OSError):
-            continue
 
 
 def _has_message(conns: dict[Connection, int], rank: int) -> bool:

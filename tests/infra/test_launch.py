@@ -2,7 +2,7 @@
 
 Covers ``ddp_tutorial.launch.spawner``, ``ddp_tutorial.launch.spec``, ``ddp_tutorial.launch.child``,
 ``ddp_tutorial.launch.errors``, ``ddp_tutorial.launch.commands``, ``ddp_tutorial.launch.procs``,
-``ddp_tutorial.launch.output``, ``ddp_tutorial.comm.hello``.
+``ddp_tutorial.launch.output``, ``ddp_tutorial.launch.stopping``, ``ddp_tutorial.comm.hello``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ddp_tutorial.launch import (
     spawn,
     torchrun,
     torchrun_command,
+    warm_up,
 )
 from ddp_tutorial.launch.errors import LaunchInterrupted, rank_range, stopped_message
 from ddp_tutorial.launch.procs import Leftover, still_running
@@ -87,10 +88,10 @@ def test_results_are_ordered_by_rank(world_size):
 
 
 def test_raising_rank_gives_worker_error_and_stops_the_others(tmp_path):
-    start = time.monotonic()
+    # The others wait in a barrier for the failed rank: they end because the launcher stops them,
+    # not at the launch's timeout, which is longer than this test's own (pytest-timeout fails it).
     with pytest.raises(WorkerError) as info:
-        spawn(w.fail_on, 3, args=(1, str(tmp_path)), timeout=60)
-    assert time.monotonic() - start < 30, "the other ranks were not stopped promptly"
+        spawn(w.fail_on, 3, args=(1, str(tmp_path)), timeout=3600)
     err = info.value
     assert not isinstance(err, WorkerTimeout)
     assert err.rank == 1
@@ -103,11 +104,14 @@ def test_raising_rank_gives_worker_error_and_stops_the_others(tmp_path):
 def test_hanging_rank_gives_worker_timeout_within_the_timeout(tmp_path):
     # 10 s, not less: the timeout also bounds gloo's set-up, and rank 0 must get
     # through it and finish within the timeout on a loaded machine too.
+    warm_up()  # the forkserver's start (seconds, more on a loaded machine) is not what is measured
     start = time.monotonic()
     with pytest.raises(WorkerTimeout) as info:
         spawn(w.hang_on, 2, args=(1, str(tmp_path)), timeout=10)
     elapsed = time.monotonic() - start
-    assert 10 <= elapsed < 40  # bounded: the hang did not freeze the caller
+    # Not before the timeout (an order of events: the deadline came first); the upper bound is a
+    # hang guard, not a speed claim: 10 s, then at most 1 s + 5 s to stop them, and a loaded machine.
+    assert 10 <= elapsed < 60
     assert (tmp_path / "0.done").exists() and not (tmp_path / "1.done").exists()
     assert info.value.ranks == [1]
     assert "ranks still running: [1]" in str(info.value)
@@ -429,7 +433,7 @@ def test_torchrun_timeout_raises_with_the_output_and_leaves_no_process(tmp_path)
     try:
         with pytest.raises(TimeoutError) as info:
             torchrun(module, nproc_per_node=2, timeout=8, env=env)
-        assert time.monotonic() - start < 60
+        assert time.monotonic() - start < 60  # a hang guard: 8 s, then stopping torchrun and its workers
         message = str(info.value)
         assert "torchrun did not finish within 8 s" in message and f"-m {module}" in message
         output = message.split("--- output ---", 1)[1]
