@@ -12,11 +12,11 @@ group misses it):
   finds every descendant, double forks and new sessions included, for as long as the rank
   lives. Walking alone would miss an orphan: its parent pid is then 1.
 - the tree is walked, and what it holds killed (``kill_descendants``), by the rank itself
-  once its code is done, and by the launcher before it stops a rank that is still running
-  (stopped first with SIGSTOP, so that it cannot start another meanwhile).
+  once its code is done, and by the launcher (``launch.stopping``) before it stops a rank that
+  is still running (paused first with SIGSTOP, so that it cannot start another meanwhile).
 - a rank that dies abruptly (``os._exit``, a crash) cannot walk its tree any more, and its
   orphans go to init. For those, every rank's environment carries a tag (``TAG_ENV``) that
-  each program it starts inherits; ``tagged`` finds them afterwards in ``/proc/*/environ``.
+  each program it starts inherits; ``kill_tagged`` finds them afterwards in ``/proc/*/environ``.
   The tag alone would not do: ``/proc/PID/environ`` is the environment a program was
   *started* with, so a child forked without a new program (``os.fork``, multiprocessing's
   fork) does not show it, and neither does one started with an environment of its own.
@@ -100,10 +100,16 @@ def command_line(pid: int) -> str:
 def has_children(pid: int) -> bool:
     """True when ``pid`` has a live child, or when that cannot be told quickly (then walk the tree to know)."""
     paths = glob.glob(f"/proc/{pid}/task/*/children")  # none: no /proc, or a kernel without these files
-    try:
-        return not paths or any(open(path).read().strip() for path in paths)
-    except OSError:
+    if not paths:
         return True
+    for path in paths:  # one per thread: a child is listed under the thread that started it
+        try:
+            with open(path) as f:
+                if f.read().strip():
+                    return True
+        except OSError:
+            return True
+    return False
 
 
 def kill_descendants(root: int, *, rounds: int = 50) -> list[tuple[int, str]]:
