@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp_tutorial.gpu_items import ITEMS, SUITES, Item
-from ddp_tutorial.launch import run_command
+from ddp_tutorial.launch import free_port, run_command
 from ddp_tutorial.nbtools import GPU_REPORTS, LESSONS_HEADING, lesson_section, shown_on_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,8 @@ def run_item(item: Item, gpus: int, logs: Path = ROOT / OUT / "logs") -> ItemRes
     """Run one item (or skip it for want of GPUs); its whole output goes to a file in ``logs``."""
     if needs(item, gpus):
         return ItemResult(item.name, needs(item, gpus))
-    command = [sys.executable if part == "{python}" else part for part in item.command]
+    port = str(free_port())  # chosen now, just before the item runs: a torchrun item's --master-port
+    command = [sys.executable if part == "{python}" else part.replace("{port}", port) for part in item.command]
     env = dict(os.environ, DDP_TUTORIAL_EXERCISES_FRESH="1", PYTHONHASHSEED="0")
     env.setdefault("OMP_NUM_THREADS", "1")
     start = time.perf_counter()

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 __all__ = ["TORCHRUN", "PYTEST", "Item", "tests", "torchrun", "ITEMS", "SUITES"]
 
-TORCHRUN = ("{python}", "-m", "torch.distributed.run", "--standalone")  # torchrun, on a free local port
+# torchrun on one node, meeting at 127.0.0.1 on a free port (gpu_check fills {port} in): the
+# static rendezvous, not --standalone's, whose agent unpickles what its store receives (lesson 09)
+TORCHRUN = ("{python}", "-m", "torch.distributed.run", "--master-addr=127.0.0.1", "--master-port={port}")
 PYTEST = ("{python}", "-m", "pytest", "-p", "no:cacheprovider", "-q")
 
 

@@ -1,7 +1,7 @@
 """The Sphinx extension behind `make site`: assembles the sources and adds each lesson's run commands.
 
 Used by ``docs/conf.py``. At ``config-inited`` it fills the source folder (build/site-src) with
-the pages of docs/, a copy of every ``notebooks/NN_*.ipynb`` under ``lessons/``, the API pages
+the pages of docs/, a copy of every ``notebooks/NN_*.ipynb`` under ``lessons/`` (its collapsed cells hidden), the API pages
 (one per sub-package, autodoc on the imported modules) and the exercise and benchmark tables
 (``{{ exercises_table }}`` and ``{{ bench_tables }}`` in docs/*.md, from the registry and
 notebooks/data/bench_run.json). A file is rewritten only when its text changes, so Sphinx
@@ -62,10 +62,16 @@ def write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def copy_if_changed(src: Path, dst: Path) -> None:
-    if not dst.exists() or dst.read_bytes() != src.read_bytes():
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
+def site_notebook(path: Path) -> str:
+    """A lesson as the site shows it: a cell JupyterLab keeps collapsed (an exercise's solution, after
+    its walkthrough) is tagged ``hide-cell``, so the page shows it only when the reader opens it."""
+    notebook = json.loads(path.read_text())
+    for cell in notebook["cells"]:
+        if cell.get("metadata", {}).get("jupyter", {}).get("source_hidden"):
+            tags = cell["metadata"].setdefault("tags", [])
+            if "hide-cell" not in tags:
+                tags.append("hide-cell")
+    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
 
 
 def api_modules() -> list[str]:
@@ -147,7 +153,7 @@ def assemble(app: Sphinx, config: object) -> None:
             text = text.replace("{{ bench_tables }}", bench_tables())
         write_if_changed(src / page.name, text)
     for name in names:
-        copy_if_changed(NOTEBOOKS / f"{name}.ipynb", src / "lessons" / f"{name}.ipynb")
+        write_if_changed(src / "lessons" / f"{name}.ipynb", site_notebook(NOTEBOOKS / f"{name}.ipynb"))
     pages = api_pages()
     for page, text in pages.items():
         write_if_changed(src / "api" / f"{page}.rst", text)

@@ -10,6 +10,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+# One node meeting on loopback (torch's static rendezvous), not --standalone, whose agent unpickles
+# what its store receives; either store still listens on every interface (lesson 09). Port 29500 is
+# torchrun's own default; taken, torchrun stops with "address already in use": pick another.
+TORCHRUN = "torchrun --master-addr=127.0.0.1 --master-port=29500"
 LESSON_NAME = re.compile(r"^\d\d_\w+$")  # 00_start_here: what `notebooks/NN_*.ipynb` must be called
 
 
@@ -27,8 +31,7 @@ class Command:
         return f"ddp_tutorial.{self.module}" if self.module else "ddp_tutorial"
 
     def line(self) -> str:
-        launcher = ("python" if self.nproc is None
-                    else f"torchrun --standalone --nproc-per-node={self.nproc}")
+        launcher = ("python" if self.nproc is None else f"{TORCHRUN} --nproc-per-node={self.nproc}")
         return f"{launcher} -m {self.dotted}" + (f" {self.args}" if self.args else "")
 
     def lines(self) -> list[str]:

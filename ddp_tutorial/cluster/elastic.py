@@ -14,7 +14,7 @@ world shrinks). Training resumes from rank 0's checkpoint each time. From a shel
 
     # the failing rank's traceback in torchrun's report and in error.json; every rank's
     # output in files under logs/, and rank 0's also on the console, prefixed [default0]:
-    TORCHELASTIC_ERROR_FILE=error.json torchrun --standalone --nproc-per-node=2 \\
+    TORCHELASTIC_ERROR_FILE=error.json torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node=2 \\
         --log-dir=logs --redirects=3 --tee=3 --local-ranks-filter=0 \\
         -m ddp_tutorial.cluster.elastic --raise-on-rank 1
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import faulthandler
+import functools
 import itertools
 import os
 import re
@@ -30,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.import_guard import import_guard
 from ddp_tutorial.exercises.tracing import NotAllowed, Trace, original
 
 # (label, run): run() returns None when this rank's result is right, else what is wrong
@@ -65,7 +67,8 @@ def load_function(source: str, function: str, *, refuse: Sequence[str] = ()) -> 
     Compiled from the text on disk each time (no ``__pycache__``: a quick edit of
     the same size within a second would otherwise load the old bytecode). A file that
     imports the solutions, or one of the course modules in ``refuse`` (the exercise's own
-    answer, e.g. ``ddp_tutorial.comm.ring`` for ``ring_all_reduce``), raises ``NotAllowed``.
+    answer, e.g. ``ddp_tutorial.comm.ring`` for ``ring_all_reduce``), raises ``NotAllowed``; so does
+    any other route to them while the file loads or the function runs (``import_guard``).
     """
     path = Path(source)
     text = path.read_text(encoding="utf-8")
@@ -77,11 +80,19 @@ def load_function(source: str, function: str, *, refuse: Sequence[str] = ()) -> 
     module = types.ModuleType(name)
     module.__file__ = str(path)
     sys.modules[name] = module  # dataclasses and pickling look modules up by name
-    exec(compile(text, str(path), "exec"), module.__dict__)
+    refused = (SOLUTIONS, *refuse)
+    with import_guard(refused):
+        exec(compile(text, str(path), "exec"), module.__dict__)
     fn = getattr(module, function, None)
     if not callable(fn):
         raise AttributeError(f"{path.name} defines no function {function}() (the checker calls it by that name)")
-    return fn
+
+    @functools.wraps(fn)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        with import_guard(refused):
+            return fn(*args, **kwargs)
+
+    return guarded
 
 
 def in_scratch(rank: int, world_size: int, worker: Callable[..., Any], scratch: str, source: str, function: str,

@@ -21,7 +21,7 @@ from typing import Any
 from ddp_tutorial.launch.errors import LaunchInterrupted, stopped_message
 from ddp_tutorial.launch.live import LiveView, choose_view
 from ddp_tutorial.launch.procs import descendants, interrupts_held_back, signal_group, still_running
-from ddp_tutorial.launch.spec import PLAIN_TEXT
+from ddp_tutorial.launch.spec import LOCALHOST, PLAIN_TEXT, free_port
 
 OnLine = Callable[[str, subprocess.Popen], None]
 STATUS_SECONDS, STATUS_WIDTH = 0.1, 120  # torchrun's status line: how often it changes, how long it gets
@@ -51,13 +51,17 @@ def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] =
                      **opts: Any) -> list[str]:
     """The ``torchrun`` command line for ``module``; ``opts`` become ``--key=value``.
 
-    Without rendezvous options it adds ``--standalone`` (one node, a free port on
-    localhost chosen by torchrun itself).
+    Without rendezvous options it is one node meeting at 127.0.0.1 on a free port
+    (``--master-addr``/``--master-port``: torch's static rendezvous), not ``--standalone``:
+    both leave the agent's store listening on every interface (torch gives no way to bind
+    it to loopback), but the static one opens that one socket instead of two, and its agent
+    never unpickles what it reads there (lesson 09, section 1).
     """
     rdzv_keys = {"standalone", "nnodes", "rdzv_endpoint", "master_port", "master_addr", "rdzv_backend"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
     if not rdzv_keys & set(opts):
-        cmd.append("--standalone")
+        # a port 0 would reach the workers as MASTER_PORT=0: the number must be known up front
+        cmd += [f"--master-addr={LOCALHOST}", f"--master-port={free_port()}"]
     for key, value in opts.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -65,6 +69,15 @@ def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] =
         elif value is not False and value is not None:  # not `in (False, None)`: 0 == False
             cmd.append(f"{flag}={value}")
     return cmd + ["-m", module] + [str(a) for a in args]
+
+
+def as_shell(cmd: Sequence[str]) -> str:
+    """``cmd`` as a person types it (lessons 09, 11): ``torchrun`` for ``python -m torch.distributed.run``,
+    and the free port ``torchrun_command`` chose as ``$PORT`` (it differs from run to run)."""
+    if list(cmd[1:3]) == ["-m", "torch.distributed.run"]:
+        cmd = ["torchrun", *cmd[3:]]
+    return " ".join("--master-port=$PORT" if part.startswith("--master-port=") and part[14:].isdigit() else part
+                    for part in cmd)
 
 
 def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,

@@ -78,6 +78,11 @@ mathDone.then(() => document.fonts.ready)
     runBox: (document.querySelector(".course-run") || {textContent: ""}).textContent,
     math: document.querySelectorAll("span.MathJax, div.MathJax_Display").length,
     rawMath: document.body.innerText.includes("\\("),
+    // a cell that imports a solution: its source drawn on the page, and a closed "Show code cell content"
+    solutions: Array.from(document.querySelectorAll("div.cell"))
+      .filter(c => c.textContent.includes("exercises.solutions"))
+      .map(c => { const pre = c.querySelector("div.cell_input pre"), details = c.querySelector("details.hide");
+                  return {visible: !!pre && pre.checkVisibility(), closed: !!details && !details.open}; }),
     rankLogs: Array.from(document.querySelectorAll("div.cell_output pre"))
       .filter(p => /^\[rank \d+\] /m.test(p.textContent))
       .map(p => ({font: getComputedStyle(p).fontFamily, whiteSpace: getComputedStyle(p).whiteSpace})),
@@ -117,6 +122,7 @@ def site():
                 figure = driver.find_elements("css selector", "div.cell_output img")[0]
                 driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", figure)
                 shot(driver, "lesson-04-figure.png")
+        opened = open_a_solution(driver, base)
         search = search_results(driver, base)
         console["search.html"] = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         # links the browser did not visit: fetched once, so that the server log sees them all
@@ -128,13 +134,22 @@ def site():
             except urllib.error.HTTPError:
                 pass  # the server log records the 404
         yield {"facts": facts, "console": console, "requests": list(requests), "search": search,
-               "internal": internal}
+               "internal": internal, "opened": opened}
 
 
 def shot(driver, name: str) -> None:
     path = SCREENSHOTS / name
     driver.save_screenshot(str(path))
     print(f"screenshot: {path}")
+
+
+def open_a_solution(driver, base: str) -> bool:
+    """Lesson 02's first solution, opened as a reader does: is its source drawn then?"""
+    driver.get(f"{base}/lessons/02_process_groups.html")
+    cell = next(c for c in driver.find_elements("css selector", "div.cell") if "exercises.solutions" in
+                c.get_attribute("textContent"))
+    cell.find_element("css selector", "details.hide > summary").click()
+    return driver.execute_script("return arguments[0].querySelector('div.cell_input pre').checkVisibility();", cell)
 
 
 def search_results(driver, base: str) -> list[str]:
@@ -155,7 +170,7 @@ def test_every_lesson_page_has_its_title_and_run_commands(site):
         assert plain_quotes(facts["title"]).startswith(title + " \u2014 "), (name, facts["title"], title)
         assert plain_quotes(facts["h1"]).strip().rstrip("#").strip() == title, (name, facts["h1"])
         assert f"jupyter lab notebooks/{name}.ipynb" in facts["runBox"], name
-        assert re.search(r"(torchrun --standalone --nproc-per-node=\d|python) -m ddp_tutorial", facts["runBox"]), name
+        assert re.search(r"(torchrun --master-addr=127\.0\.0\.1 --master-port=29500 --nproc-per-node=\d|python) -m ddp_tutorial", facts["runBox"]), name
 
 
 def test_every_image_is_decoded(site):
@@ -227,3 +242,14 @@ def test_math_is_typeset(site):
     facts = site["facts"]["lessons/14_sharding.html"]
     assert facts["math"] >= 3, facts["math"]
     assert not facts["rawMath"], "raw \\( ... \\) left on the page: MathJax did not typeset it"
+
+
+def test_no_solution_is_on_a_page_until_the_reader_opens_it(site):
+    """Issue 37: each lesson's solution cells (as many as the notebook has) are closed, their source not drawn."""
+    for name in LESSONS:
+        cells = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())["cells"]
+        expected = sum(c["cell_type"] == "code" and "exercises.solutions" in "".join(c["source"]) for c in cells)
+        found = site["facts"][f"lessons/{name}.html"]["solutions"]
+        assert len(found) == expected, f"{name}: {len(found)} solution cells on the page, {expected} in the notebook"
+        assert all(c["closed"] and not c["visible"] for c in found), f"{name}: a solution is on the page: {found}"
+    assert site["opened"], "lesson 02's solution, once opened, should be drawn: the visibility check reads nothing"

@@ -59,6 +59,7 @@ def test_rotary_scores_depend_only_on_the_distance():
     assert rotary(q, offset=7).norm().item() == pytest.approx(q.norm().item(), abs=1e-12)
 
 
+@pytest.mark.slow  # 60 steps of training (about 25 s); lesson 22's notebook trains it too
 def test_the_reference_learns_the_grammar():
     result = train_one_process(GPTRun(dtype=torch.float32, lr=1e-2), 60)
     losses = result["losses"]

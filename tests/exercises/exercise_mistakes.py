@@ -109,6 +109,17 @@ MISTAKES = {
     "ring copies the solution": (
         "ring_all_reduce", HEAD + "from ddp_tutorial.exercises.solutions.ring_all_reduce import ring_all_reduce\n",
         ["NotAllowed", "imports ddp_tutorial.exercises.solutions"], 20),
+    "ring reaches the solution by a computed name": (
+        "ring_all_reduce", HEAD + "import importlib\n\n\ndef ring_all_reduce(tensor):\n"
+        "    where = 'ddp_tutorial.exercises.' + 'solu' + 'tions.ring_all_reduce'\n"
+        "    return importlib.import_module(where).ring_all_reduce(tensor)\n",
+        ["NotAllowed", "your code reached ddp_tutorial.exercises.solutions.ring_all_reduce", "write this yourself",
+         "at line 10"], 20),
+    "ring reads the course's ring by path": (
+        "ring_all_reduce", HEAD + "import runpy\n\nimport ddp_tutorial.comm\n\n\ndef ring_all_reduce(tensor):\n"
+        "    ring = runpy.run_path(ddp_tutorial.comm.__path__[0] + '/ring.py')\n"
+        "    return ring['ring_all_reduce'](tensor)\n",
+        ["NotAllowed", "your code reached the file", "ring.py", "write this yourself"], 20),
     "ring receives a chunk smaller than the message": (
         "ring_all_reduce", RING_START.replace("dist.isend(chunks[send]", "dist.isend(tensor.view(-1)")  # all of it
         + REDUCE_SCATTER + ALL_GATHER + "    return tensor\n",

@@ -11,6 +11,7 @@ Covers ``ddp_tutorial.exercises.exercise``, ``ddp_tutorial.exercises.registry``,
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,9 @@ def test_an_untouched_stub_fails_fast_with_the_not_implemented_message(name, lea
     # called, the stub raises the message it was generated with (the default learner folder's)
     stub = load_function(str(workspace.stub_file(name)), name)
     with pytest.raises(NotImplementedError) as raised:
-        stub(*[None] * stub.__code__.co_argcount)
+        parameters = inspect.signature(stub).parameters.values()  # keyword-only ones (21.2's) by name
+        stub(*[None for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD],
+             **{p.name: None for p in parameters if p.kind is p.KEYWORD_ONLY})
     assert str(raised.value) == EXERCISES[name].not_implemented()
     assert f"my_exercises/{name}.py" in str(raised.value) and EXERCISES[name].notebook in str(raised.value)
 

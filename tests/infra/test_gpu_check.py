@@ -34,6 +34,7 @@ def test_items_cover_every_gpu_count_and_every_lesson():
     assert len(gpu_check.notebook_items()) == len(list((ROOT / "notebooks").glob("*.ipynb"))) >= 16
 
 
+@pytest.mark.slow  # collects the whole suite in a subprocess (about 20 s)
 def test_every_named_test_is_collected():
     node_ids = [part for i in ALL if i.command[:3] == ("{python}", "-m", "pytest")
                 for part in i.command if part.startswith("tests/")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -493,12 +494,16 @@ def test_torchrun_command_keeps_options_whose_value_is_zero():
 
 def test_torchrun_command_line():
     python = [sys.executable, "-m", "torch.distributed.run"]
-    assert torchrun_command("pkg.mod", 3, args=("--epochs", 2)) == python + [
-        "--nproc-per-node=3", "--standalone", "-m", "pkg.mod", "--epochs", "2"]
-    assert torchrun_command("pkg.mod", 2, max_restarts=1, no_python=False, log_dir=None,
-                            monitor_interval=0.5) == python + [
-        "--nproc-per-node=2", "--standalone", "--max-restarts=1", "--monitor-interval=0.5", "-m", "pkg.mod"]
-    # rendezvous given: no --standalone; True is a bare flag
+    # one node: 127.0.0.1 and a free port (the port varies: compared as PORT); never --standalone
+    def ported(cmd):
+        return [re.sub(r"^--master-port=\d+$", "--master-port=PORT", part) for part in cmd]
+    assert ported(torchrun_command("pkg.mod", 3, args=("--epochs", 2))) == python + [
+        "--nproc-per-node=3", "--master-addr=127.0.0.1", "--master-port=PORT", "-m", "pkg.mod", "--epochs", "2"]
+    assert ported(torchrun_command("pkg.mod", 2, max_restarts=1, no_python=False, log_dir=None,
+                                   monitor_interval=0.5)) == python + [
+        "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=PORT", "--max-restarts=1",
+        "--monitor-interval=0.5", "-m", "pkg.mod"]
+    # rendezvous given: left as given; True is a bare flag
     assert torchrun_command("pkg.mod", 4, args=["x"], nnodes=2, node_rank=1,
                             rdzv_endpoint="10.0.0.1:29400", rdzv_backend="c10d", redirects=True) == python + [
         "--nproc-per-node=4", "--nnodes=2", "--node-rank=1", "--rdzv-endpoint=10.0.0.1:29400",

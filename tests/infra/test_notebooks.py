@@ -150,3 +150,29 @@ def test_the_opening_outline_lists_exactly_the_numbered_sections(path):
                 for n in SECTION.findall("".join(cell["source"]))]
     if outline:
         assert outline == sections, f"{path.name}: the outline numbers {outline}, the sections {sections}"
+
+
+SHOWS_A_SOLUTION = re.compile(r"ddp_tutorial\.exercises\.solutions|solution\s*=\s*True")
+HIDDEN_CELL = {"collapsed": True, "jupyter": {"outputs_hidden": True, "source_hidden": True}}
+
+
+def solution_cells(path: Path) -> list[int]:
+    """The code cells of a lesson that show an exercise's reference solution."""
+    cells = json.loads(path.read_text())["cells"]
+    return [i for i, c in enumerate(cells) if c["cell_type"] == "code" and SHOWS_A_SOLUTION.search("".join(c["source"]))]
+
+
+def test_lessons_show_solutions():  # so that the test below cannot pass on a pattern that matches nothing
+    assert sum(len(solution_cells(p)) for p in NOTEBOOKS) >= 20
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_solution_is_on_the_page_until_asked_for(path):
+    """Issue 37: a cell that shows a solution is collapsed in JupyterLab, source and output alike (the
+    website hides the same cells: docs/course_site.site_notebook, tests/browser/test_site.py)."""
+    cells = json.loads(path.read_text())["cells"]
+    for index in solution_cells(path):
+        metadata = {k: v for k, v in cells[index]["metadata"].items() if k in HIDDEN_CELL}
+        assert metadata == HIDDEN_CELL, (
+            f"{path.name} cell {index} shows a solution in plain sight: collapse it after the walkthrough "
+            f"with metadata {HIDDEN_CELL} (as notebooks/02_process_groups.ipynb cell 23)")

@@ -37,6 +37,7 @@ def make_portable(capabilities: str) -> subprocess.CompletedProcess:
                            f"PY={sys.executable}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow  # runs make; CI runs the target itself after make test
 @pytest.mark.timeout(120)
 def test_make_target_skips_a_capability_torch_ignores():
     # "sve256" is an ARM capability: on x86 torch ignores it, and so must the target,

@@ -5,6 +5,7 @@ import importlib
 import importlib.util
 import inspect
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -37,13 +38,22 @@ def test_every_command_runs_a_real_module(command):
 
 def test_command_lines():
     hello, doctor = lessons.COMMANDS["00_start_here"]
-    assert hello.lines() == ["# the first all-reduce", "torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.comm.hello"]
+    assert hello.lines() == ["# the first all-reduce", (
+        "torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node=2 -m ddp_tutorial.comm.hello")]
     assert doctor.line() == "python -m ddp_tutorial"
     jupyter, shell = lessons.run_instructions("14_sharding")
     assert "jupyter lab notebooks/14_sharding.ipynb" in jupyter
-    assert shell.splitlines()[1:] == ["torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.sharding.zero",
-                                      "torchrun --standalone --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp"]
+    assert shell.splitlines()[1:] == [
+        "torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node=2 -m ddp_tutorial.sharding.zero",
+        "torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node=2 -m ddp_tutorial.sharding.fsdp"]
     assert lessons.run_instructions("99_not_a_lesson")[1] == ""
+    # every torchrun line of every lesson page: one node on loopback, never --standalone (lesson 09)
+    for commands in lessons.COMMANDS.values():
+        for command in commands:
+            if command.nproc is not None:
+                assert command.line().startswith(
+                    "torchrun --master-addr=127.0.0.1 --master-port=29500 --nproc-per-node="), command
+                assert "--standalone" not in command.line(), command
 
 
 def rst_problems(lines: list[str]) -> str:
@@ -85,3 +95,21 @@ def test_benchmark_commands_name_real_subcommands():
 
     shown = [c.args.split()[0] for cs in lessons.COMMANDS.values() for c in cs if c.module == "bench"]
     assert shown and set(shown) <= set(SUBCOMMANDS) | {"all"}, shown
+
+
+def test_the_site_hides_what_jupyterlab_collapses():
+    """Issue 37: a solution cell, collapsed in JupyterLab, is a closed "Show code cell content" on the site."""
+    pytest.importorskip("sphinx")
+    import course_site
+
+    hidden = 0
+    for name in lessons.lesson_names(ROOT / "notebooks"):
+        path = ROOT / "notebooks" / f"{name}.ipynb"
+        stored = json.loads(path.read_text())["cells"]
+        shown = json.loads(course_site.site_notebook(path))["cells"]
+        assert [c["source"] for c in shown] == [c["source"] for c in stored]
+        for cell, site_cell in zip(stored, shown):
+            collapsed = cell["metadata"].get("jupyter", {}).get("source_hidden", False)
+            assert ("hide-cell" in site_cell["metadata"].get("tags", [])) == collapsed, "".join(cell["source"])[:80]
+            hidden += collapsed
+    assert hidden >= 20

@@ -210,6 +210,7 @@ def test_fake_data_trains_alone_and_resnet18_fits_32x32(capsys):
     assert resnet.conv1.stride == (1, 1)  # the CIFAR stem keeps 32x32 through the first block
 
 
+@pytest.mark.slow  # a benchmark's test (make test-slow runs them)
 @pytest.mark.timeout(120)
 def test_bench_train_tiny_run_is_well_formed():
     import argparse

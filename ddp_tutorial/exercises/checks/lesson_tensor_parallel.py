@@ -7,6 +7,9 @@ output, ``x.grad``, ``b2.grad`` and each shard's gradient with the unsplit MLP's
 collectives are counted with torch's ``CommDebugMode``, which sees ``dist.all_reduce`` as
 well as functional collectives and DTensor's: one all-reduce in forward (``g``), one in
 backward (``f``).
+
+Exercise 15.2, the gradient all-reduce of a ``dp x tp`` mesh over ``dp`` only, is checked in
+``mesh_gradients`` and listed here.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from torch.distributed.tensor.debug import CommDebugMode
 
 from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.checks.mesh_gradients import DP_GRAD_AVERAGE
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
 from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
@@ -175,4 +179,5 @@ EXERCISES = [
                 "forward and one in backward (counted by CommDebugMode: dist, functional collectives and "
                 "DTensor alike); the arguments unchanged; ddp_tutorial.tensor_parallel is refused"),
         worker=tp_mlp_forward_worker),
+    DP_GRAD_AVERAGE,  # 15.2: the gradient all-reduce of a dp x tp mesh, over dp only (checked in mesh_gradients)
 ]
