@@ -4,9 +4,11 @@ The parent never runs the learner's code. It reads the file (a syntax error or a
 untouched stub is reported at once), runs the exercise's ``prepare`` if it has one (inputs
 the ranks read, such as a checkpoint saved on other ranks), then for each world size starts
 the ranks with ``launch.spawn``; each rank imports the file afresh (``harness.load_function``)
-and runs the exercise's cases. A rank's report, an exception, or a timeout becomes one
-diagnosis naming the first wrong rank and what it got wrong, and, for a hang, the
-call each stuck rank is blocked in (``tracing.where_stuck``).
+in a scratch working folder (``harness.in_scratch``) and runs the exercise's cases. A rank's
+report, an exception, or a timeout becomes one diagnosis naming the first wrong rank and what
+it got wrong, and, for a hang, the call each stuck rank is blocked in (``tracing.where_stuck``)
+and the learner's line it was on (``harness.stuck_at``). A process the learner's code started
+and left running is stopped by the launcher, and the verdict says so.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from pathlib import Path
 
 from ddp_tutorial.exercises import workspace
 from ddp_tutorial.exercises.exercise import Exercise
+from ddp_tutorial.exercises.harness import in_scratch, stuck_at
 from ddp_tutorial.exercises.registry import get
 from ddp_tutorial.exercises.tracing import last_call, where_stuck
 from ddp_tutorial.launch import WorkerError, WorkerTimeout, spawn
+from ddp_tutorial.launch.procs import Leftover
 
 DEFAULT_TIMEOUT = 20.0  # seconds per world size: a deadlock is reported after this
 
@@ -70,46 +74,86 @@ def run_check(name: str, *, file: str | Path | None = None, solution: bool = Fal
     else:  # the learner's copy; under nbval the pristine stub in its place (workspace.fresh)
         source = workspace.stub_file(name) if workspace.fresh() else workspace.learner_file(name)
         shown = workspace.shown(workspace.learner_path(name))
-    fail = lambda text: CheckResult(name, False, f"exercise {e.number} ({e.name}), {shown}: {text}")  # noqa: E731  (a one-line helper, read beside its only use)
     text = source.read_text(encoding="utf-8")
     try:
         ast.parse(text)
     except SyntaxError as err:
-        return fail(f"line {err.lineno}: SyntaxError: {err.msg}. Fix it and check again")
+        return CheckResult(name, False, f"exercise {e.number} ({e.name}), {shown}: line {err.lineno}: "
+                                        f"SyntaxError: {err.msg}. Fix it and check again")
     if untouched(text, e.function):
         return CheckResult(name, False, e.not_implemented(shown), started=False)
+    left: list[tuple[int, Leftover]] = []  # (world size, what a rank left running)
+    result = judge(e, source, shown, timeout, left)
+    if left:
+        end = "" if result.message.endswith((".", "!", "?")) else "."
+        result = CheckResult(name, result.passed, f"{result.message}{end} {stopped_note(left)}", result.started)
+    return result
+
+
+def judge(e: Exercise, source: Path, shown: str, timeout: float, left: list[tuple[int, Leftover]]) -> CheckResult:
+    """Run the ranks on every world size; the first failure's diagnosis, or the pass. ``left`` gets the leftovers."""
+    fail = lambda text: CheckResult(e.name, False, f"exercise {e.number} ({e.name}), {shown}: {text}")  # noqa: E731  (a one-line helper, read beside its only use)
     total = 0
     with tempfile.TemporaryDirectory(prefix="ddp_tutorial_inputs_") as inputs:
         extra = tuple(e.prepare(inputs)) if e.prepare else ()
         for world_size in e.world_sizes:
-            with tempfile.TemporaryDirectory(prefix="ddp_tutorial_check_") as trace_dir:
+            stopped: list[Leftover] = []
+            with tempfile.TemporaryDirectory(prefix="ddp_tutorial_check_") as trace_dir, \
+                    tempfile.TemporaryDirectory(prefix="ddp_tutorial_scratch_") as scratch:
                 try:
-                    reports = spawn(e.worker, world_size, args=(str(source), e.function, trace_dir, *extra),
-                                    timeout=timeout, init_process_group=e.init_process_group)
+                    reports = spawn(in_scratch, world_size, timeout=timeout, init_process_group=e.init_process_group,
+                                    args=(e.worker, scratch, str(source), e.function, trace_dir, *extra),
+                                    leftovers=stopped)
                 except WorkerTimeout as err:
-                    return fail(hang(e, err, world_size, timeout, trace_dir))
+                    return fail(hang(e, err, world_size, timeout, trace_dir, source))
                 except WorkerError as err:
                     if err.rank >= 0 and "NotImplementedError" in str(err).splitlines()[0]:
-                        return CheckResult(name, False, e.still_raises(shown))
+                        return CheckResult(e.name, False, e.still_raises(shown))
                     return fail(crash(err, world_size, source, trace_dir))
+                finally:
+                    left += [(world_size, s) for s in stopped]
             for rank, report in enumerate(reports):
                 if report["problem"] is not None:
                     return fail(f"rank {rank} of a world of {world_size}, case {report['case']}: {report['problem']}")
             total += reports[0]["cases"]
     sizes = ", ".join(map(str, e.world_sizes))
-    return CheckResult(name, True, f"exercise {e.number} ({e.name}), {shown}: all {total} cases right on world "
-                                   f"sizes {sizes}. Well done!")
+    return CheckResult(e.name, True, f"exercise {e.number} ({e.name}), {shown}: all {total} cases right on world "
+                                     f"sizes {sizes}. Well done!")
 
 
-def hang(e: Exercise, err: WorkerTimeout, world_size: int, timeout: float, trace_dir: str) -> str:
-    """A timeout, explained: which ranks, in which case, blocked in which call."""
+def stopped_note(left: list[tuple[int, Leftover]]) -> str:
+    """One sentence: which processes the learner's code left running, so that the check stopped them."""
+    named = [f"pid {s.pid}{f' `{s.command}`' if s.command else ''}, started by rank {s.rank} of a world of {size}"
+             for size, s in left[:3]]
+    more = f" and {len(left) - 3} more" if len(left) > 3 else ""
+    count = f"{len(left)} process{'es' * (len(left) > 1)}"
+    return (f"Also, the check stopped {count} your code left running ({'; '.join(named)}{more}): "
+            "wait for what you start, or stop it, before your function returns.")
+
+
+def hang(e: Exercise, err: WorkerTimeout, world_size: int, timeout: float, trace_dir: str, source: Path) -> str:
+    """A timeout, explained: which ranks, in which case, blocked in which call, at which line of the learner's file."""
     ranks = err.ranks
     who = f"rank {ranks[0]} is" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} are"
     case, _ = where_stuck(trace_dir, ranks[0])
-    where = [f"rank {r} is {what}" for r in ranks for what in [where_stuck(trace_dir, r)[1]] if what]
+    where, own_code = [], []
+    for r in ranks:
+        what = where_stuck(trace_dir, r)[1]
+        line = stuck_at(trace_dir, r, source)
+        at = f"{source.name}:{line[0]}" if line else ""
+        if what:
+            where.append(f"rank {r} is {what}{f' at {at}' if at and what.startswith('stuck in') else ''}")
+        elif line:
+            code = source.read_text(encoding="utf-8").splitlines()[line[0] - 1].strip()
+            where.append(f"rank {r} was stuck at {at} `{code}`")
+            own_code.append(line[1])
     details = f" ({'; '.join(where)})" if where else ""
+    hint = e.hang_hint
+    if own_code and all(own_code) and len(own_code) == len(where):  # no rank waiting on a peer: its own line
+        hint = ("that line was running your own code, not waiting for another rank: a loop that never ends, or "
+                "a call that blocks (a sleep, input(), a lock)")
     return (f"{who} still running after {timeout:g} s in a world of {world_size}"
-            f"{f', case {case}' if case else ''}{details}: {e.hang_hint}{'' if e.hang_hint[-1] in '.?!' else '.'}")
+            f"{f', case {case}' if case else ''}{details}: {hint}{'' if hint[-1] in '.?!' else '.'}")
 
 
 def untouched(source: str, function: str) -> bool:

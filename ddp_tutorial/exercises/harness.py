@@ -6,13 +6,21 @@ file's current text: an edit counts at once, no kernel restart, no stale bytecod
 then ``run_cases`` runs the cases one after another. After each case every rank says
 whether it saw a problem, and all stop together at the first case that failed
 anywhere: a rank that stopped alone would leave the others waiting for it.
+
+The checker starts every rank through ``in_scratch``: the learner's code runs in a scratch
+folder, and a rank the launcher stops at the timeout first writes its stack, from which
+``stuck_at`` reads the learner's line it was on.
 """
 
 from __future__ import annotations
 
 import ast
+import faulthandler
 import functools
 import itertools
+import os
+import re
+import signal
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -85,6 +93,46 @@ def load_function(source: str, function: str, *, refuse: Sequence[str] = ()) -> 
             return fn(*args, **kwargs)
 
     return guarded
+
+
+def in_scratch(rank: int, world_size: int, worker: Callable[..., Any], scratch: str, source: str, function: str,
+               trace_dir: str, *extra: Any) -> Any:
+    """Run an exercise's ``worker`` (``Exercise.worker``) the way the checker runs it in every rank.
+
+    In the folder ``scratch`` (shared by the ranks, like one machine's working directory): a
+    relative path in the learner's code lands there, never in the checkout. The launcher stops
+    a rank still running at the timeout with SIGTERM; faulthandler then writes every thread's
+    stack to ``trace_dir/rank<R>.stack`` (from its signal handler: it works inside a busy
+    loop that never gives Python's own handlers a turn), and ``stuck_at`` reads it.
+    """
+    os.chdir(scratch)
+    if hasattr(faulthandler, "register"):  # not on Windows
+        stack = open(os.path.join(trace_dir, f"rank{rank}.stack"), "w")  # noqa: SIM115  (faulthandler keeps it)
+        faulthandler.register(signal.SIGTERM, file=stack, all_threads=True, chain=True)
+    return worker(rank, world_size, source, function, trace_dir, *extra)
+
+
+# A frame in faulthandler's dump: '  File "/path/x.py", line 12 in name' (innermost first)
+DUMPED_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)",? line (?P<line>\d+),? in ', re.MULTILINE)
+
+
+def stuck_at(trace_dir: str, rank: int, source: str | os.PathLike) -> tuple[int, bool] | None:
+    """Where ``rank`` was in the learner's file ``source`` when it was stopped: ``(line, own)``, or None.
+
+    ``own`` is True when that line was running itself (a loop, a ``sleep``, an ``input()``),
+    False when it had called into a library (a collective, say) that was still at work.
+    """
+    path = os.path.join(trace_dir, f"rank{rank}.stack")
+    try:
+        dump = open(path, encoding="utf-8", errors="replace").read()
+    except OSError:
+        return None
+    for thread in dump.split("\n\n"):  # one block per thread
+        frames = list(DUMPED_FRAME.finditer(thread))
+        mine = [i for i, m in enumerate(frames) if os.path.abspath(m["file"]) == os.path.abspath(source)]
+        if mine:
+            return int(frames[mine[0]]["line"]), mine[0] == 0
+    return None
 
 
 def anyone_failed(failed: bool) -> bool:

@@ -34,7 +34,8 @@ The modules, parent to child:
 - ``child``: what runs in each rank; ``errors``: ``WorkerError``, ``WorkerTimeout``, ``LaunchInterrupted``;
 - ``output``: reading the ranks' output; ``live``: showing it while they run;
 - ``commands``: ``torchrun`` and any launcher command, with a timeout and no orphans;
-- ``procs``: the process tree, stopping a process group, Ctrl-C held back meanwhile.
+- ``procs``: the process tree, stopping a process group, Ctrl-C held back meanwhile;
+- ``stopping``: the end of a launch, every rank and everything it started stopped, sessions included.
 """
 
 from ddp_tutorial.launch.commands import TorchrunError, TorchrunResult, run_command, torchrun, torchrun_command

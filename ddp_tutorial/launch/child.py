@@ -7,6 +7,7 @@ import io
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import sys
 import traceback
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from multiprocessing import forkserver as mp_forkserver
 from multiprocessing import spawn as mp_spawn
 from multiprocessing.connection import Connection
 
+from ddp_tutorial.launch.procs import become_subreaper, kill_descendants
 from ddp_tutorial.launch.spec import LaunchSpec
 
 # Imported once by the forkserver, so forked children start with torch loaded.
@@ -71,8 +73,14 @@ def no_op() -> None:
 
 
 def run_rank(spec: LaunchSpec, rank: int, env: dict, out_path: str, conn: Connection) -> None:
-    """Runs in the child: redirect output, set up the group, run the worker, send back the result."""
+    """Runs in the child: redirect output, set up the group, run the worker, send back the result.
+
+    Two messages go back: ``("ok", result)`` or ``("error", message, traceback, stage)`` as
+    soon as the worker is done, then ``("left", [(pid, command), ...])``: what its code left
+    running, which this rank stopped before it ended (``procs.kill_descendants``).
+    """
     os.setpgrp()  # own process group: the parent can stop this rank and anything it started
+    become_subreaper()  # what it starts stays in its tree, even once its parent is gone (see procs)
     # What the forkserver preloaded (torch: about a million objects) lives as long as this
     # process. Frozen, the gc.collect() at teardown skips it: milliseconds instead of 0.1 s.
     gc.freeze()
@@ -97,7 +105,6 @@ def run_rank(spec: LaunchSpec, rank: int, env: dict, out_path: str, conn: Connec
         except Exception as exc:
             payload = pickle.dumps(("error", f"the return value of rank {rank} cannot be pickled: {exc}", "", "run"))
         conn.send_bytes(payload)
-        conn.close()
 
     stage = "init"
     try:
@@ -132,3 +139,12 @@ def run_rank(spec: LaunchSpec, rank: int, env: dict, out_path: str, conn: Connec
         if spec.init_process_group and dist.is_initialized():
             gc.collect()  # free DDP/gloo objects in cycles while the group lives (see env.distributed)
             dist.destroy_process_group()
+        # Last, once what ends cleanly has ended (a DataLoader's workers, at the teardown above):
+        # torch's SIGCHLD handler would take a DataLoader worker killed here for a crash.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        left = kill_descendants(os.getpid())
+        try:
+            conn.send_bytes(pickle.dumps(("left", left)))
+            conn.close()
+        except OSError:  # the parent stopped listening: it stops what is left itself (spawner._stop)
+            pass

@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import signal
+import secrets
 import socket
 import sys
 import tempfile
@@ -30,8 +30,9 @@ from ddp_tutorial.launch.errors import (
 )
 from ddp_tutorial.launch.live import LiveView, choose_view
 from ddp_tutorial.launch.output import RankOutput, in_progress, relay
-from ddp_tutorial.launch.procs import interrupts_held_back, signal_group, still_running
+from ddp_tutorial.launch.procs import TAG_ENV, Leftover, interrupts_held_back, still_running
 from ddp_tutorial.launch.spec import LOCALHOST, LaunchSpec
+from ddp_tutorial.launch.stopping import stop_ranks
 
 POLL_SECONDS = 0.1  # how often rank output is read while it is shown live
 
@@ -39,7 +40,7 @@ POLL_SECONDS = 0.1  # how often rank output is read while it is shown live
 def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (), *,
           backend: str | None = None, timeout: float = 60.0, init_process_group: bool = True,
           threads: int | None = None, master_addr: str = LOCALHOST, quiet: bool = False,
-          live: bool | None = None) -> list:
+          live: bool | None = None, leftovers: list[Leftover] | None = None) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return results by rank.
 
     ``init_process_group=True`` sets up the default group (``backend`` or the
@@ -51,17 +52,22 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
     True/False forces it on or off) and relayed in rank order at the end;
     ``quiet=True`` drops it. Ctrl-C (Jupyter's stop button) stops every rank, then
     raises ``LaunchInterrupted`` (a ``KeyboardInterrupt``) saying so.
+
+    Nothing a rank started outlives the call, not even a process in a session of its own
+    (see ``launch.procs``). ``leftovers``, a list, receives a ``Leftover(rank, pid, command)``
+    for each process that was still running when its rank's code ended or was stopped, and
+    which the launch therefore stopped: the exercise checker tells the learner about them.
     """
     __tracebackhide__ = True  # an interrupt's traceback shows the caller's frames (errors.LaunchInterrupted)
     view = None if quiet else choose_view(live)
     spec = LaunchSpec(fn, world_size, tuple(args), backend, timeout, init_process_group, threads or 0,
                       master_addr, live=view is not None)
     try:
-        return _launch_once(spec, view, quiet)
+        return _launch_once(spec, view, quiet, leftovers)
     except _InitFlake:
         # gloo's connection set-up sometimes fails on a loaded machine before any
         # worker code ran; a fresh attempt on a fresh store is safe.
-        return _launch_once(spec, view, quiet, retry=False)
+        return _launch_once(spec, view, quiet, leftovers, retry=False)
 
 
 class _InitFlake(Exception):
@@ -96,7 +102,8 @@ def warm_up() -> None:
                                 "no rank running")
 
 
-def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, retry: bool = True) -> list:
+def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, leftovers: list[Leftover] | None,
+                 retry: bool = True) -> list:
     __tracebackhide__ = True
     import torch.distributed as dist
 
@@ -110,6 +117,9 @@ def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, retry: bo
     ctx = context()
     procs: list[mp.process.BaseProcess] = []
     conns: dict[Connection, int] = {}
+    readers: list[Connection] = []  # by rank: each rank's last message says what it left running
+    left: dict[int, Leftover] = {}  # by pid
+    tag = f"{os.getpid()}.{secrets.token_hex(4)}"  # this launch's TAG_ENV, before ":<rank>"
     results: dict[int, Any] = {}
     errors: dict[int, Report] = {}
     interrupted = False
@@ -124,23 +134,25 @@ def _launch_once(spec: LaunchSpec, view: LiveView | None, quiet: bool, retry: bo
             with children_skip_main(), interrupts_held_back():
                 for rank in range(spec.world_size):
                     recv, send = ctx.Pipe(duplex=False)
+                    env = dict(spec.rank_env(rank, store.port), **{TAG_ENV: f"{tag}:{rank}"})
                     p = ctx.Process(target=run_rank, name=f"rank{rank}",
-                                    args=(spec, rank, spec.rank_env(rank, store.port), outputs[rank].path, send))
+                                    args=(spec, rank, env, outputs[rank].path, send))
                     p.start()
                     send.close()
                     procs.append(p)
                     conns[recv] = rank
+                    readers.append(recv)
             _collect(spec, procs, conns, results, errors, outputs, view)
             unfinished = [r for r in range(spec.world_size) if r not in results and r not in errors]
         except KeyboardInterrupt:
             interrupted = True
         finally:
             try:
-                _stop(procs)
+                stop_ranks(procs, readers, tag, left)
             except KeyboardInterrupt:  # pressed (again) while they were stopped: delivered once they are
                 interrupted = True
-            for c in conns:
-                c.close()
+            if leftovers is not None:
+                leftovers.extend(sorted(left.values()))
             del store
             flake = retry and is_init_flake(results, errors)
             if not quiet:
@@ -183,7 +195,7 @@ def _collect(spec: LaunchSpec, procs: Sequence[mp.process.BaseProcess], conns: d
                     continue  # died before reporting: its sentinel tells
                 if status[0] == "ok":
                     results[rank] = status[1]
-                else:
+                elif status[0] == "error":
                     errors[rank] = status[1:]
             elif ready in pending:
                 rank = pending.pop(ready)
@@ -202,24 +214,6 @@ def _show_the_rest(outputs: Sequence[RankOutput], view: LiveView | None) -> None
         if not view.relay_at_end:
             view.show(new, {})
         view.close()
-
-
-def _stop(procs: Sequence[mp.process.BaseProcess]) -> None:
-    """Stop every child and everything it started; wait until they are gone.
-
-    A Ctrl-C meanwhile (the user pressing it again) waits until they are: raised
-    half-way, it would leave ranks running.
-    """
-    with interrupts_held_back():
-        for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
-            for p in procs:
-                if p.pid is not None:
-                    signal_group(p.pid, sig)  # each rank leads its own group (child.run_rank)
-            deadline = time.monotonic() + grace
-            for p in procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-            if not any(p.is_alive() for p in procs):
-                break
 
 
 def _has_message(conns: dict[Connection, int], rank: int) -> bool:

@@ -2,7 +2,7 @@
 
 Covers ``ddp_tutorial.launch.spawner``, ``ddp_tutorial.launch.spec``, ``ddp_tutorial.launch.child``,
 ``ddp_tutorial.launch.errors``, ``ddp_tutorial.launch.commands``, ``ddp_tutorial.launch.procs``,
-``ddp_tutorial.launch.output``, ``ddp_tutorial.comm.hello``.
+``ddp_tutorial.launch.output``, ``ddp_tutorial.launch.stopping``, ``ddp_tutorial.comm.hello``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import launch_workers as w
 import pytest
+import stray_workers as strays
 
 from ddp_tutorial.launch import (
     LaunchSpec,
@@ -32,9 +33,10 @@ from ddp_tutorial.launch import (
     spawn,
     torchrun,
     torchrun_command,
+    warm_up,
 )
 from ddp_tutorial.launch.errors import LaunchInterrupted, rank_range, stopped_message
-from ddp_tutorial.launch.procs import still_running
+from ddp_tutorial.launch.procs import Leftover, still_running
 from ddp_tutorial.pitfalls.strays import alive  # a process that exists and is not a zombie
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,10 +89,10 @@ def test_results_are_ordered_by_rank(world_size):
 
 
 def test_raising_rank_gives_worker_error_and_stops_the_others(tmp_path):
-    start = time.monotonic()
+    # The others wait in a barrier for the failed rank: they end because the launcher stops them,
+    # not at the launch's timeout, which is longer than this test's own (pytest-timeout fails it).
     with pytest.raises(WorkerError) as info:
-        spawn(w.fail_on, 3, args=(1, str(tmp_path)), timeout=60)
-    assert time.monotonic() - start < 30, "the other ranks were not stopped promptly"
+        spawn(w.fail_on, 3, args=(1, str(tmp_path)), timeout=3600)
     err = info.value
     assert not isinstance(err, WorkerTimeout)
     assert err.rank == 1
@@ -103,11 +105,14 @@ def test_raising_rank_gives_worker_error_and_stops_the_others(tmp_path):
 def test_hanging_rank_gives_worker_timeout_within_the_timeout(tmp_path):
     # 10 s, not less: the timeout also bounds gloo's set-up, and rank 0 must get
     # through it and finish within the timeout on a loaded machine too.
+    warm_up()  # the forkserver's start (seconds, more on a loaded machine) is not what is measured
     start = time.monotonic()
     with pytest.raises(WorkerTimeout) as info:
         spawn(w.hang_on, 2, args=(1, str(tmp_path)), timeout=10)
     elapsed = time.monotonic() - start
-    assert 10 <= elapsed < 40  # bounded: the hang did not freeze the caller
+    # Not before the timeout (an order of events: the deadline came first); the upper bound is a
+    # hang guard, not a speed claim: 10 s, then at most 1 s + 5 s to stop them, and a loaded machine.
+    assert 10 <= elapsed < 60
     assert (tmp_path / "0.done").exists() and not (tmp_path / "1.done").exists()
     assert info.value.ranks == [1]
     assert "ranks still running: [1]" in str(info.value)
@@ -201,7 +206,72 @@ def test_processes_started_by_a_rank_are_stopped_too():
 
 
 def test_a_rank_may_use_dataloader_worker_processes():
-    assert spawn(w.loader_in_worker, 2, timeout=60) == [28.0, 28.0]
+    left = []
+    assert spawn(w.loader_in_worker, 2, timeout=60, leftovers=left) == [28.0, 28.0]
+    assert left == []  # the workers ended with their loader: nothing was left running
+
+
+def _noted(pid_dir: Path, prefix: str) -> dict[int, int]:
+    """rank -> pid, from the ``<prefix><rank>.pid`` files stray_workers' sleepers wrote."""
+    return {int(p.stem.removeprefix(prefix)): int(p.read_text()) for p in pid_dir.glob(f"{prefix}*.pid")}
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="Linux: reads /proc")
+
+
+@needs_proc
+def test_a_child_in_a_session_of_its_own_is_stopped_and_named(tmp_path):
+    # start_new_session=True takes it out of the rank's process group: stopping the group misses it
+    left = []
+    assert spawn(strays.leave_session_child, 2, args=(str(tmp_path),), timeout=60, leftovers=left) == [0, 1]
+    noted = _noted(tmp_path, "session")
+    assert len(noted) == 2
+    assert_all_gone(noted.values())
+    assert left == [Leftover(rank, pid, "sleep 600") for rank, pid in sorted(noted.items())]
+
+
+@needs_proc
+def test_an_orphan_with_an_environment_of_its_own_is_still_found(tmp_path):
+    # its parent exits at once (init would adopt it) and `env -i` drops the launch's tag: only the
+    # rank, a subreaper, adopting it finds it
+    left = []
+    assert spawn(strays.leave_orphan, 1, args=(str(tmp_path),), timeout=60, init_process_group=False,
+                 leftovers=left) == [0]
+    noted = _noted(tmp_path, "orphan")
+    assert_all_gone(noted.values())
+    assert left == [Leftover(0, noted[0], "sleep 600")]
+
+
+@needs_proc
+def test_a_child_of_a_rank_that_died_abruptly_is_stopped(tmp_path):
+    # os._exit: the rank cannot stop what it started; the launch's tag in the child's environment finds it
+    left = []
+    with pytest.raises(WorkerError, match="rank 0 failed: process exited with code 3"):
+        spawn(strays.leave_child_and_die, 1, args=(str(tmp_path),), timeout=60, init_process_group=False,
+              leftovers=left)
+    noted = _noted(tmp_path, "abrupt")
+    assert_all_gone(noted.values())
+    assert left == [Leftover(0, noted[0], "sleep 600")]
+
+
+@needs_proc
+def test_a_hanging_rank_and_its_child_in_another_session_are_both_stopped(tmp_path):
+    left = []
+    with pytest.raises(WorkerTimeout):  # no process group to set up: 3 s are the hang alone
+        spawn(strays.hang_with_session_child, 1, args=(str(tmp_path),), timeout=3, init_process_group=False,
+              leftovers=left)
+    noted = _noted(tmp_path, "hung")
+    assert_all_gone(noted.values())
+    assert left == [Leftover(0, noted[0], "sleep 600")]
+
+
+def test_multiprocessing_s_own_helpers_are_not_counted_as_left_running():
+    # a rank that used multiprocessing's forkserver has that server until it exits: not the learner's stray
+    left = []
+    servers = spawn(strays.use_a_forkserver, 1, timeout=60, init_process_group=False, leftovers=left)
+    assert servers[0], "the rank started no forkserver: nothing was tested"
+    assert left == []
+    assert_all_gone(servers[0])  # it ended with its rank
 
 
 def test_output_is_relayed_in_rank_order(capsys):
@@ -364,7 +434,7 @@ def test_torchrun_timeout_raises_with_the_output_and_leaves_no_process(tmp_path)
     try:
         with pytest.raises(TimeoutError) as info:
             torchrun(module, nproc_per_node=2, timeout=8, env=env)
-        assert time.monotonic() - start < 60
+        assert time.monotonic() - start < 60  # a hang guard: 8 s, then stopping torchrun and its workers
         message = str(info.value)
         assert "torchrun did not finish within 8 s" in message and f"-m {module}" in message
         output = message.split("--- output ---", 1)[1]

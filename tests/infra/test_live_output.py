@@ -89,13 +89,14 @@ def test_in_jupyter_rank_lines_arrive_while_the_cell_runs_and_the_relay_stays(ke
     assert live_texts(warm)[0].startswith("starting the launcher") and live_texts(warm)[-1] == "", live_texts(warm)
     assert not [m for _, m in warm if m["msg_type"] in ("stream", "execute_result", "error")]
     received = run_cell(kc, f"results = spawn(w.tick, 2, args=({TICKS},), timeout=60)")
-    start, end = received[0][0], received[-1][0]
     live = [(t, msg) for t, msg in received if msg["msg_type"] in ("display_data", "update_display_data")]
     assert live, [m["msg_type"] for _, m in received]
     assert not any("starting" in text_of(msg) for _, msg in live), "a warm launch said it was starting"
-    first = next(t for t, msg in live if "[rank 0] tick 0 of rank 0" in text_of(msg))
-    # The ranks print for TICKS seconds after their first line: it must not wait for them.
-    assert end - first >= TICKS - 2, f"first line after {first - start:.1f} s, cell took {end - start:.1f} s"
+    first = next(text_of(msg) for _, msg in live if "[rank 0] tick 0 of rank 0" in text_of(msg))
+    # Shown while the ranks ran, not at their end: when rank 0's first line was shown, its last
+    # one (TICKS - 1 seconds later) was not yet there. An order of events, not a time: the display
+    # holds every line so far (up to 40), so a late display would show both.
+    assert f"[rank 0] tick {TICKS - 1} of rank 0" not in first, first
     assert any("[rank 1] tick 3 of rank 1" in text_of(msg) for _, msg in live)
     # At the end the live display is emptied, and the ordered relay is the cell's output.
     assert live[-1][1]["content"]["data"] == {}
@@ -133,7 +134,9 @@ def test_interrupting_the_kernel_ends_every_rank_and_the_kernel_lives_on(kernel,
     assert interrupted, "the cell ended before it was interrupted: " + repr([m["content"] for _, m in received])
     # the first launch in this kernel: a person watching was told it was starting
     assert live_texts(received)[0].startswith("starting 2 ranks"), live_texts(received)[:1]
-    assert received[-1][0] - interrupted[0] < 2, "the cell went on for seconds after the interrupt"
+    # A hang guard, not a speed claim: the launcher gives the ranks 1 s after SIGTERM and 5 s after
+    # SIGKILL, and a loaded 2-core machine adds seconds; left running, they would tick for 600 s.
+    assert received[-1][0] - interrupted[0] < 60, "the cell went on long after the interrupt"
     errors = [msg["content"] for _, msg in received if msg["msg_type"] == "error"]
     assert len(errors) == 1 and errors[0]["ename"] == "LaunchInterrupted", errors  # a KeyboardInterrupt
     assert errors[0]["evalue"] == "ranks 0-1 stopped, nothing left running"
@@ -185,8 +188,10 @@ def test_in_a_terminal_lines_arrive_live_once_and_a_bar_is_redrawn():
     output = b"".join(data for _, data in chunks).decode()
     output = output[output.index("START"):]
     first = next(t for t, data in chunks if b"tick 0 of rank 0" in data)
-    end = next(t for t, data in chunks if b"END" in data)
-    assert end - first >= TICKS - 2, "the first line was not shown while the ranks ran"
+    last = next(t for t, data in chunks if f"tick {TICKS - 1} of rank 0".encode() in data)
+    # Shown live, the two lines arrive about TICKS - 1 s apart (the rank sleeps between them);
+    # held back to the end, within milliseconds. 1 s tells them apart on a loaded machine too.
+    assert last - first >= 1, "the first line was not shown while the ranks ran"
     for line in ("[rank 0] tick 0 of rank 0", "[rank 1] tick 5 of rank 1", "[rank 0] rank 0 done"):
         assert output.count(line) == 1, output  # shown as it came, not relayed again
     assert "[rank 0] working: 2/5" in output  # the bar, redrawn over itself
