@@ -120,18 +120,24 @@ def kill_descendants(root: int, *, rounds: int = 50) -> list[tuple[int, str]]:
     another, and with ``root`` a subreaper (or stopped) what they started stays below it.
     """
     killed: dict[int, str] = {}
+    seen: set[int] = set()
     if os.path.isdir("/proc") and not has_children(root):
         return []
     for _ in range(rounds):
-        new = [pid for pid in _tree(root) if pid not in killed]
+        new = [pid for pid in _tree(root) if pid not in seen]
         if not new:
             break
         for pid in new:
-            killed[pid] = command_line(pid)
+            seen.add(pid)
+            command = command_line(pid)
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
-                pass
+                continue
+            # "": it was ending by itself (an exiting process's command line reads empty, e.g. a DataLoader
+            # worker its loader terminated a moment before); only what would have kept running is named
+            if command:
+                killed[pid] = command
     return list(killed.items())
 
 
