@@ -120,7 +120,9 @@ import os, time
 import torch.distributed as dist
 dist.init_process_group("gloo")
 dist.barrier()
-print("READY", os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], flush=True)
+# one write(2) of a line under PIPE_BUF is atomic; print() runs unbuffered here (PYTHONUNBUFFERED) and
+# writes its words one by one, so the two ranks' lines could interleave ("READYREADY 127.0.0.1  ...")
+os.write(1, f"READY {os.environ['MASTER_ADDR']} {os.environ['MASTER_PORT']}\\n".encode())
 while not os.path.exists(os.environ["RELEASE"]):  # the test looks at the sockets meanwhile
     time.sleep(0.05)
 dist.barrier()
