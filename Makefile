@@ -205,7 +205,8 @@ slurm-test: $(STAMP)
 #           (RELEASE_NOTEBOOKS: a schedule skipped, a workaround taken, a warning only some releases
 #           print). Not every notebook: `make test` and the newest run compare them all, and CI keeps
 #           within its budget (VERSIONS_OLDEST_RUNS="unit nbval" compares every notebook there too)
-#   newest: the newest Python found (3.14, else 3.13, ...) with the newest torch: unit tests and nbval
+#   newest: the newest Python found (3.14, else 3.13, ...) with the newest torch: the unit tests but
+#           the slow ones (unit-fast: the same torch as `make test-slow`, which CI runs on 3.11) and nbval
 # Interpreters: PYTHON_OLDEST=/path/python3.10 PYTHON_NEWEST=/path/python3.13, else found on PATH
 # (python3.N) or under pyenv (~/.pyenv/versions/3.N*). VERSIONS=oldest (or newest) runs one side;
 # VERSIONS_KEEP=1 keeps the venvs (about 5 GB each with PyPI's CUDA torch) instead of removing them;
@@ -219,7 +220,7 @@ VERSIONS_OLDEST_RUNS ?= unit nbval-release
 # between releases); tests/infra/test_project.py finds them again and checks this list holds them
 RELEASE_NOTEBOOKS := notebooks/14_sharding.ipynb notebooks/18_zero3_and_checkpoints.ipynb \
   notebooks/19_pipeline_schedules.ipynb notebooks/20_long_sequences.ipynb notebooks/22_capstone.ipynb
-VERSIONS_NEWEST_RUNS ?= unit nbval
+VERSIONS_NEWEST_RUNS ?= unit-fast nbval
 NEWEST_PYTHONS ?= 3.14 3.13 3.12 3.11
 # the floors, read from their one home (tests/infra/test_versions_target.py checks this reads them)
 floor = $(shell sed -n 's/^FLOORS = .*"$(1)": "\([0-9.]*\)".*/\1/p' ddp_tutorial/doctor.py)
@@ -257,9 +258,10 @@ test-versions:
 	    *) echo "test-versions: $$side: skipping nbval (README \"Versions\": make test and the newest run compare the stored outputs)";; esac; \
 	  for run in $$runs; do case $$run in \
 	    unit) DDP_TUTORIAL_EXERCISES_FRESH=1 $$venv/bin/python -m pytest $(XDIST) -q -p no:cacheprovider tests || exit 1;; \
+	    unit-fast) DDP_TUTORIAL_EXERCISES_FRESH=1 $$venv/bin/python -m pytest $(XDIST) -q -p no:cacheprovider -m "not slow" tests || exit 1;; \
 	    nbval) DDP_TUTORIAL_EXERCISES_FRESH=1 $$venv/bin/python -m pytest $(XDIST) -q -p no:cacheprovider $(NBVAL) notebooks || exit 1;; \
 	    nbval-release) DDP_TUTORIAL_EXERCISES_FRESH=1 $$venv/bin/python -m pytest $(XDIST) -q -p no:cacheprovider $(NBVAL) $(RELEASE_NOTEBOOKS) || exit 1;; \
-	    *) echo "test-versions: $$side: unknown run '$$run' (unit, nbval, nbval-release)"; exit 2;; esac; done; \
+	    *) echo "test-versions: $$side: unknown run '$$run' (unit, unit-fast, nbval, nbval-release)"; exit 2;; esac; done; \
 	  echo "test-versions: $$side: $$runs passed ($$(($$(date +%s) - start)) s in all)"; \
 	  [ -n "$(VERSIONS_KEEP)" ] || rm -rf $$venv; \
 	done
