@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import importlib
 import importlib.util
 import os
@@ -54,8 +55,13 @@ def _audit(event: str, args: tuple) -> None:
         raise _refusal(f"the file {path}")
 
 
-def _source_paths(refuse: Sequence[str]) -> tuple[str, ...]:
-    """Each refused module's folder (a package) or its file without ``.py`` (a module)."""
+@functools.cache
+def _source_paths(refuse: tuple[str, ...]) -> tuple[str, ...]:
+    """Each refused module's folder (a package) or its file without ``.py`` (a module).
+
+    Cached: the guard starts at every call of the learner's function (a checker calls it once per
+    case and rank), and find_spec reads the disk each time; where a module lives does not change.
+    """
     paths = []
     for name in refuse:
         try:

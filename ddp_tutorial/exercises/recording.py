@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddp_tutorial.exercises.tracing import Trace
+from ddp_tutorial.exercises.tracing import Trace, original
 
 
 @dataclass
@@ -88,3 +88,24 @@ def patched(replacements: Sequence[tuple[Any, str, Any]]) -> Iterator[None]:
 def learner_calls(calls: Sequence[LibraryCall], name: str) -> list[LibraryCall]:
     """The calls to ``name`` that the learner's code made itself (not from inside another recorded call)."""
     return [c for c in calls if c.name == name and not c.nested]
+
+
+def checked_new_group(trace: Trace, world: int, real: Callable[..., Any]) -> Callable[..., Any]:
+    """``new_group`` that first compares, across the ranks, the ranks each asked for.
+
+    new_group is a collective of the whole world (unless ``use_local_synchronization``): a rank
+    that skips a group it is not in, or makes them in another order, hangs or mixes groups up;
+    this says so in one line instead (exercises 2.2 and 15.2).
+    """
+    def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("use_local_synchronization"):
+            asked = sorted(int(r) for r in ranks) if ranks is not None else list(range(world))
+            everyone: list = [None] * world
+            trace.logged("new_group (compared)", original("all_gather_object"), everyone, asked)
+            if any(other != asked for other in everyone):
+                calls = ", ".join(f"rank {r} new_group({other})" for r, other in enumerate(everyone))
+                raise RuntimeError(f"the ranks asked for different groups in the same new_group call ({calls}): "
+                                   "every rank must call new_group for every group, in the same order, even for "
+                                   "a group it is not in")
+        return real(ranks, *args, **kwargs)
+    return new_group

@@ -11,7 +11,7 @@ MISTAKES = {
     "group_sums: each rank creates only its own group": (
         "group_sums", broken("group_sums", "    groups = [dist.new_group(ranks) for ranks in parities]  # every rank, every group, same order",
                              "    groups = [dist.new_group(parities[rank % 2])] * 2"),
-        ["rank 0", "every rank must call new_group for each group, in the same order"], 10),
+        ["rank 0", "every rank must call new_group for every group, in the same order"], 10),
     "group_sums: all-reduces in the other parity's group": (
         "group_sums", broken("group_sums", "mine = groups[rank % 2]", "mine = groups[(rank + 1) % len(groups)]"),
         ["rank 0", "rank 0's group sum is 1, expected 4 (ranks [0, 2])"], 10),

@@ -10,7 +10,8 @@ import torch.distributed as dist
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Report, load_function, run_cases
-from ddp_tutorial.exercises.tracing import original, traced
+from ddp_tutorial.exercises.recording import checked_new_group, patched
+from ddp_tutorial.exercises.tracing import traced
 
 
 def init_from_file_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
@@ -64,20 +65,6 @@ EXERCISES = [
 def group_sums_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
     """Call the learner's function with two sets of values; every new_group call is compared across ranks."""
     fn = load_function(source, function)
-    real_new_group = dist.new_group
-
-    def compared_new_group(ranks=None, *args, **kwargs):
-        # new_group is a collective of the whole world: all ranks must be asking for the same group now
-        asked = sorted(ranks) if ranks is not None else list(range(world_size))
-        everyone: list = [None] * world_size
-        original("all_gather_object")(everyone, asked)
-        if any(other != asked for other in everyone):
-            calls = ", ".join(f"rank {r} new_group({other})" for r, other in enumerate(everyone))
-            raise RuntimeError(f"the ranks asked for different groups in the same new_group call ({calls}): "
-                               "every rank must call new_group for each group, in the same order, even for "
-                               "a group it is not in")
-        return real_new_group(ranks, *args, **kwargs)
-
     def case(values: list[float]):
         def run() -> str | None:
             group = [r for r in range(world_size) if r % 2 == rank % 2]
@@ -96,15 +83,12 @@ def group_sums_worker(rank: int, world_size: int, source: str, function: str, tr
             return None
         return run
 
-    dist.new_group = compared_new_group
-    try:
-        with traced(rank, trace_dir) as trace:
-            return run_cases(trace, [
-                ("value = rank + 1", case([r + 1.0 for r in range(world_size)])),
-                ("value = 10 ** rank", case([10.0 ** r for r in range(world_size)])),
-            ])
-    finally:
-        dist.new_group = real_new_group
+    with traced(rank, trace_dir) as trace, \
+            patched([(dist, "new_group", checked_new_group(trace, world_size, dist.new_group))]):
+        return run_cases(trace, [
+            ("value = rank + 1", case([r + 1.0 for r in range(world_size)])),
+            ("value = 10 ** rank", case([10.0 ** r for r in range(world_size)])),
+        ])
 
 
 EXERCISES.append(

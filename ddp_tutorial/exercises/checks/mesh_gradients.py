@@ -12,7 +12,6 @@ compared with the mesh's own ``dp`` group. Layouts: 2 x 2 named ``("dp", "tp")``
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,8 +20,8 @@ import torch.distributed as dist
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
-from ddp_tutorial.exercises.recording import LibraryCall, patched, recording
-from ddp_tutorial.exercises.tracing import Trace, original, traced
+from ddp_tutorial.exercises.recording import LibraryCall, checked_new_group, patched, recording
+from ddp_tutorial.exercises.tracing import traced
 
 D_IN, HIDDEN_PER_TP, D_OUT, ROWS_PER_DP = 5, 2, 3, 3
 KINDS = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
@@ -156,22 +155,6 @@ def wrong_values(grads: dict, given: dict[str, torch.Tensor], local: dict[str, t
         return (f"{name}'s gradient is not the whole global batch's, cut to this rank's piece"
                 + (f" (off by up to {diff:.3g})" if diff is not None else f" (shape {tuple(tensor.shape)})"))
     return None
-
-
-def checked_new_group(trace: Trace, world: int, real: Callable[..., Any]) -> Callable[..., Any]:
-    """``new_group`` that first compares, across the ranks, the ranks each asked for (a collective of the world)."""
-    def new_group(ranks: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs.get("use_local_synchronization"):
-            asked = sorted(int(r) for r in ranks) if ranks is not None else list(range(world))
-            everyone: list = [None] * world
-            trace.logged("new_group (compared)", original("all_gather_object"), everyone, asked)
-            if any(other != asked for other in everyone):
-                calls = ", ".join(f"rank {r} new_group({other})" for r, other in enumerate(everyone))
-                raise RuntimeError(f"the ranks asked for different groups in the same new_group call ({calls}): "
-                                   "every rank must call new_group for every group, in the same order, even for "
-                                   "a group it is not in")
-        return real(ranks, *args, **kwargs)
-    return new_group
 
 
 def dp_grad_average_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
