@@ -107,3 +107,30 @@ def test_ctrl_c_on_capstone_composed_is_one_line_and_exit_130():
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip().splitlines() == ["python -m ddp_tutorial.capstone.composed: interrupted: nothing was "
                                                 "saved; run it again"], done.stderr
+
+
+@pytest.mark.timeout(200)
+def test_ctrl_c_under_torchrun_is_one_course_line_then_torchruns_own_account():
+    # As lesson 09 says: the terminal's SIGINT reaches torchrun's agent (its workers run in sessions
+    # of their own), which forwards it; local rank 0 says the one line, the agent its SignalException.
+    from ddp_tutorial.launch import torchrun_command
+    process = subprocess.Popen(torchrun_command("ddp_tutorial.training.train", 2, ["--epochs", "500"]),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("epoch 1/500"):
+                break
+        os.killpg(process.pid, signal.SIGINT)
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    output = "".join(lines) + rest
+    assert process.returncode == 1, output  # torchrun's own exit code after a signal
+    assert output.count("ddp_tutorial.training.train: interrupted: no checkpoint was saved") == 1, output
+    assert "ddp_tutorial/" not in output, output  # no traceback through the course's code
+    assert output.count("Traceback") == 1 and "SignalException: Process" in output, output
+    assert output.rstrip().endswith("got signal: 2"), output
