@@ -5,12 +5,13 @@ A command line that may run under torchrun (``training.train``, ``capstone.compo
 local rank 0 (``report``, ``UsageParser``, ``usage_error``), before any process group: every rank
 finds the same fault in the same options and environment (``check_world_size`` reads torchrun's
 ``WORLD_SIZE``), so the others exit with the same code silently. Ctrl-C ends such a command with
-one line and ``INTERRUPTED_EXIT_CODE`` (``exit_on_interrupt``).
+one line and ``INTERRUPTED_EXIT_CODE`` (``exit_on_interrupt``), and so does a peer's death (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import traceback
@@ -183,9 +184,31 @@ def check_world_size(prog: str, check: Callable[[int], T], *, advice: str = "") 
 
 @contextmanager
 def exit_on_interrupt(prog: str, note: str) -> Iterator[None]:
-    """Ctrl-C inside: one line, ``PROG: interrupted: NOTE``, once per node, and exit 130, no traceback."""
+    """Ctrl-C inside: one line, ``PROG: interrupted: NOTE``, once per node, and exit 130, no traceback.
+
+    A peer's death (``peer_lost``) ends it with one line too, from every rank that saw it: ranks
+    started by hand each have a terminal of their own, and none of them is the cause.
+    """
     try:
         yield
     except KeyboardInterrupt:
         report(f"{prog}: interrupted: {note}")
         raise SystemExit(INTERRUPTED_EXIT_CODE) from None
+    except RuntimeError as err:
+        if not peer_lost(err):
+            raise
+        print(peer_lost_line(prog, err), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether ``err`` is what a rank gets when another rank of its group stopped (``PEER_FAILURE``)."""
+    return isinstance(err, RuntimeError) and any(words in str(err) for words in PEER_FAILURE)
+
+
+def peer_lost_line(prog: str, err: BaseException) -> str:
+    """One line for a rank whose peer stopped: which rank, what the backend said, where to look."""
+    said = next((words for words in PEER_FAILURE if words in str(err)), "a peer failed")
+    rank = os.environ.get("RANK", "?")
+    return (f"{prog}: rank {rank} lost a peer ({said}): another rank stopped or crashed, and its own output "
+            "says why; under torchrun the agent stops the others for you")

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 from ddp_tutorial.env import NotLaunchedError, distributed, rank_info
 from ddp_tutorial.launch import watched_live
-from ddp_tutorial.launch.errors import INTERRUPTED_EXIT_CODE  # 130, as every command line's Ctrl-C
+from ddp_tutorial.launch.errors import INTERRUPTED_EXIT_CODE, peer_lost, peer_lost_line  # 130: every Ctrl-C
 from ddp_tutorial.models import build_model
 from ddp_tutorial.training.checkpoint import (
     CheckpointError,
@@ -259,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
                  if config.checkpoint and os.path.isfile(config.checkpoint) else "no checkpoint was saved")
         report(f"ddp_tutorial.training.train: interrupted: {saved}")
         return INTERRUPTED_EXIT_CODE
+    except RuntimeError as exc:  # another rank died: gloo's 20-line traceback says only that
+        if not peer_lost(exc):
+            raise
+        print(peer_lost_line("ddp_tutorial.training.train", exc), file=sys.stderr, flush=True)
+        return 1
     if result["preempted"]:
         return PREEMPTED_EXIT_CODE  # on every rank: the job script requeues on this code
     if info.is_main:
