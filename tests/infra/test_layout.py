@@ -22,7 +22,7 @@ TESTS = ROOT / "tests"
 # In course order: a part may import only the parts before it. The last three are the LLM-scale
 # ladder's (issues 29-31); a part listed here need not exist yet, a folder not listed fails.
 PARTS = ("comm", "training", "data_parallel", "cluster", "pipeline_parallel", "sharding", "tensor_parallel",
-         "context_parallel", "expert_parallel", "capstone")
+         "context_parallel", "expert_parallel", "capstone", "performance")
 SHARED = {"__init__", "__main__", "doctor", "gpu_check", "gpu_items", "nbtools", "timing", "models"}
 SHARED_PACKAGES = ("models",)  # a shared module grown into a package (one module per model family)
 BOTTOM = ("env", "launch")  # every part may use them; they use no part
