@@ -67,21 +67,32 @@ def _session_alive(pgid: int) -> bool:
     return True
 
 
-@pytest.mark.timeout(180)
-def test_ctrl_c_is_one_line_exit_130_and_nothing_left_running(tmp_path):
-    # As a terminal does it: SIGINT to the whole foreground group, the DataLoader workers included.
-    process = subprocess.Popen([*COMMAND, "--epochs", "500", "--workers", "1", "--checkpoint", str(tmp_path / "c.pt")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+def interrupted_at(prefix: str, command: list[str], *,
+                   stderr: int = subprocess.STDOUT) -> tuple[subprocess.Popen, str, str | None]:
+    """Run ``command`` in a session of its own; once a line starts with ``prefix``, SIGINT the session,
+    as a terminal's Ctrl-C does. Returns the process, everything it printed on stdout, and its stderr."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
                                env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))  # lines as they come
+    lines = []
     try:
         for line in process.stdout:
-            if line.startswith("epoch 1/500"):  # training, with a checkpoint written
+            lines.append(line)
+            if line.startswith(prefix):
                 break
         os.killpg(process.pid, signal.SIGINT)
-        out, err = process.communicate(timeout=60)
+        rest, err = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+    return process, "".join(lines) + rest, err
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_is_one_line_exit_130_and_nothing_left_running(tmp_path):
+    # As a terminal does it: SIGINT to the whole foreground group, the DataLoader workers included.
+    process, _, err = interrupted_at("epoch 1/500",  # training, with a checkpoint written
+                                     [*COMMAND, "--epochs", "500", "--workers", "1", "--checkpoint",
+                                      str(tmp_path / "c.pt")], stderr=subprocess.PIPE)
     assert process.returncode == 130, err
     assert err.strip().splitlines() == [f"ddp_tutorial.training.train: interrupted: the last checkpoint is "
                                         f"{tmp_path / 'c.pt'}; add --resume to continue from it"], err
@@ -114,21 +125,8 @@ def test_ctrl_c_under_torchrun_is_one_course_line_then_torchruns_own_account():
     # As lesson 09 says: the terminal's SIGINT reaches torchrun's agent (its workers run in sessions
     # of their own), which forwards it; local rank 0 says the one line, the agent its SignalException.
     from ddp_tutorial.launch import torchrun_command
-    process = subprocess.Popen(torchrun_command("ddp_tutorial.training.train", 2, ["--epochs", "500"]),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    lines = []
-    try:
-        for line in process.stdout:
-            lines.append(line)
-            if line.startswith("epoch 1/500"):
-                break
-        os.killpg(process.pid, signal.SIGINT)
-        rest, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    output = "".join(lines) + rest
+    process, output, _ = interrupted_at("epoch 1/500", torchrun_command("ddp_tutorial.training.train", 2,
+                                                                       ["--epochs", "500"]))
     assert process.returncode == 1, output  # torchrun's own exit code after a signal
     assert output.count("ddp_tutorial.training.train: interrupted: no checkpoint was saved") == 1, output
     assert "ddp_tutorial/" not in output, output  # no traceback through the course's code
