@@ -88,3 +88,21 @@ def test_a_shape_that_does_not_divide_is_refused():
         TransformerShape(vocab=32, dim=30, layers=1, heads=4, seq=8)
     with pytest.raises(ValueError, match="seq must be at least 1"):
         TransformerShape(vocab=32, dim=32, layers=1, heads=4, seq=0)
+
+
+# Llama 3's published shapes (Meta's params.json / config.json: dim, n_layers, n_heads, n_kv_heads,
+# ffn hidden, vocab 128,256) and their published sizes: Llama 3.1 8B has 8.03B parameters (its model
+# card), 405B has 405B ("The Llama 3 Herd of Models", Table 3). Norm weights are the small rest.
+LLAMA3 = {
+    "8B": (TransformerShape(vocab=128_256, dim=4096, layers=32, heads=32, kv_heads=8, ffn_hidden=14_336,
+                            gated=True, seq=8192), 8.03e9),
+    "405B": (TransformerShape(vocab=128_256, dim=16_384, layers=126, heads=128, kv_heads=8, ffn_hidden=53_248,
+                              gated=True, seq=8192), 405e9),
+}
+
+
+@pytest.mark.parametrize("name", LLAMA3)
+def test_llama3_parameter_counts_match_the_published_sizes(name):
+    shape, published = LLAMA3[name]
+    total = shape.matmul_params + shape.embedding_params
+    assert abs(total - published) / published < 0.005, (name, total)
