@@ -17,7 +17,7 @@ class Touched(TorchDispatchMode):
         super().__init__()
         self.bytes = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001  (torch's protocol)
         out = func(*args, **(kwargs or {}))
         if func.overloadpacket not in (torch.ops.aten.mm, torch.ops.aten.addmm):
             return out
