@@ -110,7 +110,10 @@ def test_the_scripts_say_what_the_lesson_teaches():
     for name, text in texts.items():
         assert text.startswith("#!/bin/bash\n"), name
         assert re.search(r"^#SBATCH --time=", text, re.M), name
-    assert "srun torchrun --standalone" in texts["single_node.sbatch"]
+    single = texts["single_node.sbatch"]  # one node meets on loopback, as the course's other commands (lesson 09)
+    assert 'srun torchrun --master-addr=127.0.0.1 --master-port="$PORT" ' in single
+    assert single.index("PORT=$(") < single.index("srun torchrun")
+    assert not re.search(r"^[^#]*--standalone", single, re.M)
     multi = texts["multi_node.sbatch"]
     assert re.search(r"^#SBATCH --ntasks-per-node=1 ", multi, re.M)  # one torchrun per node
     for needed in ('scontrol show hostnames "$SLURM_JOB_NODELIST"', "--rdzv-backend=c10d",
