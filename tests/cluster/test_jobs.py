@@ -9,8 +9,12 @@ Covers ``ddp_tutorial.cluster.jobs``, ``ddp_tutorial.env.slurm``,
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 import slurm_workers
@@ -103,6 +107,18 @@ def test_export_rank_env_needs_the_first_nodes_address():
     env.update(MASTER_ADDR="10.0.0.1", MASTER_PORT="29500")
     jobs.export_rank_env(env)
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2")
+
+
+def test_single_node_picks_a_port_free_on_loopback():
+    # The script's own PORT line, run by bash with the job's python first on PATH: a port 127.0.0.1 can bind now.
+    (line,) = [line for line in jobs.script_text("single_node.sbatch").splitlines() if line.startswith("PORT=$(")]
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    done = subprocess.run(["bash", "-c", f'{line}\necho "$PORT"'], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    port = int(done.stdout)
+    assert 1024 <= port <= 65535
+    with socket.create_server(("127.0.0.1", port)):
+        pass
 
 
 def test_the_scripts_say_what_the_lesson_teaches():
