@@ -30,7 +30,7 @@ CLUSTER_DIR = os.path.dirname(os.path.abspath(__file__))  # the job scripts live
 
 # name -> what it shows; the order is the lesson's
 SCRIPTS = {
-    "single_node.sbatch": "one node: one srun task runs torchrun --standalone with a process per GPU (or CPU)",
+    "single_node.sbatch": "one node: one srun task runs torchrun on 127.0.0.1 with a process per GPU (or CPU)",
     "multi_node.sbatch": "several nodes: one torchrun per node, c10d rendezvous at the first node",
     "srun_ranks.sbatch": "no torchrun: srun starts one task per rank, ddp_tutorial.cluster.jobs maps its variables",
     "requeue.sbatch": "preemption: --signal warns, the training checkpoints and stops, the job requeues itself",

@@ -11,13 +11,15 @@ timeout so that a deadlock turns into an error. From a shell:
 
 from __future__ import annotations
 
-import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.env import distributed, rank_device, rank_info
+from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.errors import check_world_size, exit_on_interrupt
+
+PROG = "python -m ddp_tutorial.comm.p2p"
 
 SWAP_ORDERS = ("send-first", "recv-first", "by-parity", "nonblocking", "batched")
 
@@ -141,11 +143,13 @@ def _post_both(order: str, mine: torch.Tensor, theirs: torch.Tensor, peer: int, 
 
 
 def main() -> None:
-    info = rank_info(module="ddp_tutorial.comm.p2p")
-    if info.world_size < 2:
-        sys.exit("ddp_tutorial.comm.p2p needs at least 2 ranks (a message needs a receiver): "
-                 "torchrun --nproc-per-node=2 -m ddp_tutorial.comm.p2p")
-    with distributed() as (info, _device):
+    def fits(world_size: int) -> None:
+        if world_size < 2:
+            raise ValueError(f"needs at least 2 ranks (a message needs a receiver), got {world_size}")
+
+    # Said once, from torchrun's WORLD_SIZE (or its absence), before any group.
+    check_world_size(PROG, fits, advice="start it with torchrun --nproc-per-node=2 -m ddp_tutorial.comm.p2p")
+    with exit_on_interrupt(PROG, "nothing was saved; run it again"), distributed() as (info, _device):
         result = pass_token(info.rank, info.world_size, laps=2)
         ring = ring_exchange(info.rank, info.world_size)
         print(f"rank {info.rank}: passed the token at hops {[hop for hop, _, _ in result['sends']]}; "

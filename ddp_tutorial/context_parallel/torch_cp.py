@@ -23,16 +23,18 @@ On a CPU none of the fused kernels exist, so ``torch_cp_worker`` says so instead
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 import torch.distributed as dist
 
 from ddp_tutorial.env import distributed
+from ddp_tutorial.launch.errors import UsageParser, check_world_size, exit_on_interrupt
 
 __all__ = ["torch_cp_options", "cp_dispatched_ops", "torch_cp_worker", "NO_GPU", "main"]
 
+PROG = "python -m ddp_tutorial.context_parallel.torch_cp"
+SEQ = 64  # the sequence torch_cp_worker shards: 2 chunks per rank, head-tail (enable_load_balance)
 NO_GPU = "no GPU here: torch's context_parallel replaces only the fused CUDA SDPA kernels; nothing to run on a CPU"
 
 
@@ -56,7 +58,7 @@ def cp_dispatched_ops() -> list[str]:
     return sorted(str(op).split(".")[1] for op in table)
 
 
-def torch_cp_worker(rank: int, world_size: int, seq: int = 64) -> dict:
+def torch_cp_worker(rank: int, world_size: int, seq: int = SEQ) -> dict:
     """Causal SDPA under ``context_parallel`` on a 1-D mesh of CUDA ranks, unsharded and compared with
     SDPA on the whole sequence (bf16, within 2e-2). On a CPU: ``{"line": NO_GPU}``."""
     if not torch.cuda.is_available():
@@ -84,18 +86,24 @@ def torch_cp_worker(rank: int, world_size: int, seq: int = 64) -> dict:
     return {"line": "\n".join(lines)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    parser = UsageParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.parse_args(argv)
+
+    def fits(world_size: int) -> None:  # load balancing cuts the sequence into 2 chunks per rank
+        if SEQ % (2 * world_size):
+            raise ValueError(f"a sequence of {SEQ} does not split into 2 chunks per rank over {world_size} ranks")
+
+    # Every rank would fail alike (on GPUs, inside context_parallel): said once, before any group.
+    check_world_size(PROG, fits, advice="start it with torchrun --nproc-per-node=2 or 4")
     print(f"torch {torch.__version__}: context_parallel defaults {torch_cp_options()}")
-    with distributed() as (info, _):
+    with exit_on_interrupt(PROG, "nothing was saved; run it again"), distributed() as (info, _):
         result = torch_cp_worker(info.rank, info.world_size)
         if info.is_main:
             print(result["line"])
         if "DIFFERS" in result["line"]:
             raise SystemExit(1)
         dist.barrier()
-
 
 if __name__ == "__main__":
     main()

@@ -25,8 +25,8 @@ mean loss over the global batch (``one_process``).
 
 from __future__ import annotations
 
-import argparse
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -44,11 +44,14 @@ from ddp_tutorial.expert_parallel.routing import (
     moe_batch,
     top_k_gates,
 )
+from ddp_tutorial.launch.errors import UsageParser, check_world_size, exit_on_interrupt
 from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import MixtureOfExperts
 
 __all__ = ["TOLERANCE", "AllToAll", "all_to_all", "exchange_counts", "Dispatched", "dispatch", "combine",
            "ExpertParallelMoE", "finish_gradients", "ep_worker", "one_process", "compare", "main"]
+
+PROG = "python -m ddp_tutorial.expert_parallel.dispatch"
 
 # float32: the experts' sums run in another order than in one process (gathered rows, index_add);
 # differences seen are below 1e-7, 1e-6 is ten steps of the last digit for values of order 1.
@@ -235,19 +238,30 @@ def compare(results: list[dict], reference: dict) -> dict[str, float]:
             "expert_grads": experts}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = UsageParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=SCENARIOS, default="random")
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--capacity-factor", type=float, default=None, help="default: no capacity limit")
     parser.add_argument("--experts", type=int, default=4, help="a multiple of the world size")
-    args = parser.parse_args()
-    with distributed() as (info, _):
+    args = parser.parse_args(argv)
+    for option, value in (("--experts", args.experts), ("--top-k", args.top_k)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1, got {value}")
+    if args.top_k > args.experts:
+        parser.error(f"--top-k {args.top_k} chooses more experts than there are (--experts {args.experts})")
+    if args.capacity_factor is not None and not (math.isfinite(args.capacity_factor) and args.capacity_factor > 0):
+        parser.error(f"--capacity-factor must be a positive finite number, got {args.capacity_factor}")
+
+    def fits(world_size: int) -> None:  # ExpertParallelMoE's own check, from torchrun's WORLD_SIZE
+        if args.experts % world_size:
+            raise ValueError(f"{args.experts} experts do not split evenly over {world_size} ranks")
+
+    # Every rank would refuse an uneven split alike: said once, before any group.
+    check_world_size(PROG, fits, advice="choose --experts a multiple of torchrun's --nproc-per-node")
+    with exit_on_interrupt(PROG, "nothing was saved; run it again"), distributed() as (info, _):
         setup = MoESetup(args.scenario, args.top_k, args.capacity_factor, args.experts)
-        try:
-            result = ep_worker(info.rank, info.world_size, setup)
-        except ValueError as err:  # every rank refuses an uneven split, before any collective
-            raise SystemExit(f"expert_parallel: {err}") from None
+        result = ep_worker(info.rank, info.world_size, setup)
         results = [None] * info.world_size
         dist.all_gather_object(results, result)
     if info.is_main:

@@ -22,7 +22,6 @@ group all-reduces the experts' gradients.
 
 from __future__ import annotations
 
-import argparse
 import copy
 
 import torch
@@ -32,10 +31,13 @@ from torch import nn
 from ddp_tutorial.env import distributed, rank_device
 from ddp_tutorial.expert_parallel.dispatch import ExpertParallelMoE
 from ddp_tutorial.expert_parallel.routing import DIM
+from ddp_tutorial.launch.errors import UsageParser, check_world_size, exit_on_interrupt
 from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.models import TinyMoENet
 
 __all__ = ["TOLERANCE", "LR", "make_net", "net_batch", "groups_of", "ep_dp_worker", "train_one_process", "main"]
+
+PROG = "python -m ddp_tutorial.expert_parallel.ep_dp"
 
 TOLERANCE = 1e-6  # float32 sums in another order, a few steps of SGD: as dispatch.TOLERANCE
 LR = 0.1
@@ -118,16 +120,28 @@ def train_one_process(world_size: int, steps: int = 3) -> dict:
     return {"losses": losses, "state": {n: p.detach() for n, p in net.named_parameters()}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = UsageParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--ep", type=int, default=2, help="ranks the experts are split over; divides the world size")
     parser.add_argument("--steps", type=int, default=3)
-    args = parser.parse_args()
-    with distributed() as (info, _):
-        try:
-            result = ep_dp_worker(info.rank, info.world_size, min(args.ep, info.world_size), args.steps)
-        except ValueError as err:  # every rank refuses the same layout, before any collective
-            raise SystemExit(f"ep_dp: {err}") from None
+    args = parser.parse_args(argv)
+    for option, value in (("--ep", args.ep), ("--steps", args.steps)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1, got {value}")
+    experts = make_net().moe.num_experts
+
+    def fits(world_size: int) -> int:  # ep_dp_worker's own checks, from torchrun's WORLD_SIZE
+        ep = min(args.ep, world_size)
+        groups_of(0, world_size, ep)
+        if experts % ep:
+            raise ValueError(f"{experts} experts do not split evenly over an expert-parallel size of {ep}")
+        return ep
+
+    # Every rank would refuse the same layout alike: said once, before any group.
+    ep = check_world_size(PROG, fits, advice=f"choose --ep a divisor of both torchrun's --nproc-per-node "
+                                             f"and the {experts} experts")
+    with exit_on_interrupt(PROG, "nothing was saved; run it again"), distributed() as (info, _):
+        result = ep_dp_worker(info.rank, info.world_size, ep, args.steps)
         results = [None] * info.world_size
         dist.all_gather_object(results, result)
     if info.is_main:
@@ -137,7 +151,7 @@ def main() -> None:
         print(f"losses {[round(v, 4) for v in result['losses']]} (one process: "
               f"{[round(v, 4) for v in reference['losses']]})")
         ok = diff < TOLERANCE
-        verdict(ok, f"{args.steps} steps with experts over {min(args.ep, info.world_size)} of "
+        verdict(ok, f"{args.steps} steps with experts over {ep} of "
                     f"{info.world_size} rank(s) equal one process on the global batch, weights to {TOLERANCE:g}")
 
 

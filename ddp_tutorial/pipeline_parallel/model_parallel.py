@@ -15,7 +15,7 @@ sets the group up itself: ``spawn(ddp_mp_worker, 2, init_process_group=False)``.
 
 from __future__ import annotations
 
-import argparse
+import math
 
 import torch
 import torch.distributed as dist
@@ -23,10 +23,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_tutorial.env import choose_backend, cuda_device_count, distributed, rank_info
+from ddp_tutorial.launch.errors import UsageParser, check_world_size, exit_on_interrupt
 from ddp_tutorial.models import ToyModel
 
 __all__ = ["device_map", "model_parallel_backend", "model_parallel_plan", "ToyMpModel", "toy_batch",
-           "ddp_mp_worker", "train_reference", "training_memory"]
+           "ddp_mp_worker", "train_reference", "training_memory", "main"]
+
+PROG = "python -m ddp_tutorial.pipeline_parallel.model_parallel"
 
 
 def device_map(local_rank: int, local_world_size: int, cuda_devices: int,
@@ -179,24 +182,29 @@ def training_memory(num_params: float, world_size: int, strategy: str, bytes_per
     return {"params": params, "grads": grads, "optimizer": optim, "total": params + grads + optim}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = UsageParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--num-steps", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--batch-size", type=int, default=8, help="rows per rank and step")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for option, value in (("--num-steps", args.num_steps), ("--batch-size", args.batch_size)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1, got {value}")
+    if not (math.isfinite(args.lr) and args.lr >= 0):
+        parser.error(f"--lr must be a finite number of at least 0, got {args.lr}")
+    # Every rank of a node would refuse too few GPUs alike: said once, from torchrun's environment, before any group.
+    check_world_size(PROG, lambda _: model_parallel_plan(rank_info().local_rank, rank_info().local_world_size,
+                                                         cuda_device_count()))
     info = rank_info()
-    try:
+    with exit_on_interrupt(PROG, "nothing was saved; run it again"):
         result = ddp_mp_worker(info.rank, info.world_size, args.num_steps, args.lr, args.batch_size)
-    except ValueError as err:  # not enough GPUs for this many processes per node
-        raise SystemExit(f"model_parallel: {err}") from None
     if info.is_main:
         world_size = info.world_size
         ref = train_reference(args.num_steps, args.lr, args.batch_size * world_size)
         same = all(torch.allclose(result["state"][k], v, atol=1e-6) for k, v in ref["state"].items())
         print(f"rank 0 devices {result['devices']}, losses {[round(v, 4) for v in result['losses']]}")
         print(f"DDP over {world_size} two-device replica(s) equals one-process training: {same}")
-
 
 if __name__ == "__main__":
     main()

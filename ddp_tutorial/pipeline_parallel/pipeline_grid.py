@@ -13,7 +13,7 @@ gradients with an all-reduce inside their own ``new_group``: DDP, per stage.
 
 from __future__ import annotations
 
-import argparse
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,9 +22,13 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.env import distributed, rank_device, rank_info
+from ddp_tutorial.launch.errors import UsageParser, check_world_size, exit_on_interrupt
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
 
-__all__ = ["Grid", "mlp_stages", "grid_worker", "pipeline_step", "average_gradients", "sgd_step", "train_whole_model"]
+__all__ = ["Grid", "mlp_stages", "grid_worker", "pipeline_step", "average_gradients", "sgd_step", "train_whole_model",
+           "main"]
+
+PROG = "python -m ddp_tutorial.pipeline_parallel.pipeline_grid"
 
 
 @dataclass(frozen=True)
@@ -203,21 +207,42 @@ def train_whole_model(num_steps: int = 3, lr: float = 0.1, global_batch: int = 8
                                          for s in stages]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = UsageParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--widths", type=int, nargs="+", default=[10, 10, 5],
                         help="layer widths; len(widths) - 1 pipeline stages")
     parser.add_argument("--num-steps", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--num-micro", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if len(args.widths) < 2:
+        parser.error(f"--widths needs at least 2 widths (an input and an output), got {len(args.widths)}")
+    for option, value in (("--widths", min(args.widths)), ("--num-steps", args.num_steps),
+                          ("--global-batch", args.global_batch), ("--num-micro", args.num_micro)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1, got {value}")
+    if not (math.isfinite(args.lr) and args.lr >= 0):
+        parser.error(f"--lr must be a finite number of at least 0, got {args.lr}")
+    stages = len(args.widths) - 1
+
+    def fits(world_size: int) -> None:  # grid_worker's own checks, from torchrun's WORLD_SIZE
+        try:
+            grid = Grid(world_size, stages)
+        except ValueError as err:
+            raise ValueError(f"{err}; start it with torchrun --nproc-per-node={2 * stages} -m "
+                             "ddp_tutorial.pipeline_parallel.pipeline_grid") from None
+        try:
+            rows = _split(args.global_batch, grid.num_replicas, "global_batch")
+            _split(rows, args.num_micro, f"rows per replica ({rows}); num_micro")
+        except ValueError as err:
+            raise ValueError(f"{err}; choose --global-batch a multiple of {grid.num_replicas} replica(s) "
+                             "x --num-micro") from None
+
+    # Every rank would refuse the same grid alike: said once, before any group.
+    check_world_size(PROG, fits)
     info = rank_info()
-    try:
-        Grid(info.world_size, len(args.widths) - 1)
-    except ValueError as err:
-        raise SystemExit(f"pipeline_grid: {err}; start it with torchrun --nproc-per-node=4 -m ddp_tutorial.pipeline_parallel.pipeline_grid") from None
-    with distributed():
+    with exit_on_interrupt(PROG, "nothing was saved; run it again"), distributed():
         result = grid_worker(info.rank, info.world_size, args.num_steps, args.lr, args.global_batch,
                              args.num_micro, tuple(args.widths))
         gathered = [None] * info.world_size

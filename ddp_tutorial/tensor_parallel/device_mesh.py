@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -28,15 +27,19 @@ import torch.distributed as dist
 from torch import nn
 
 from ddp_tutorial.env import distributed, rank_device
+from ddp_tutorial.launch.errors import UsageParser, check_world_size, exit_on_interrupt
 from ddp_tutorial.launch.verdict import verdict
 from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
-from ddp_tutorial.tensor_parallel.split_mlp import TOLERANCE, compare, make_mlp, one_process
+from ddp_tutorial.tensor_parallel.split_mlp import TOLERANCE, compare, make_mlp, one_process, shard_range
 
 if TYPE_CHECKING:  # torch.distributed.tensor is imported by the workers that use it
     from torch.distributed.tensor import DTensor
 
 __all__ = ["mesh_device_type", "chunk_block", "local_block", "block_of", "dtensor_worker", "tp_plan",
            "parallelize_worker", "mesh_2d_worker", "train_one_process", "main"]
+
+PROG = "python -m ddp_tutorial.tensor_parallel.device_mesh"
+HIDDEN = 8  # ToyModel's hidden units in main: parallelize_worker splits them over every rank
 
 
 def mesh_device_type() -> str:
@@ -207,24 +210,37 @@ def train_one_process(num_steps: int = 3, lr: float = 0.1, hidden: int = 8, glob
     return {"losses": losses, "state": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = UsageParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--num-steps", type=int, default=3)
     parser.add_argument("--tp-size", type=int, default=None,
                         help="ranks per tensor-parallel group (default: 2 for an even world size, else 1)")
-    args = parser.parse_args()
-    with distributed() as (info, _):
-        tp_size = args.tp_size or (2 if info.world_size % 2 == 0 else 1)
-        global_batch = 4 * (info.world_size // tp_size) if info.world_size % tp_size == 0 else 4
+    args = parser.parse_args(argv)
+    for option, value in (("--num-steps", args.num_steps), ("--tp-size", args.tp_size)):
+        if value is not None and value < 1:
+            parser.error(f"{option} must be at least 1, got {value}")
+
+    def fits(world_size: int) -> int:  # the workers' own checks, from torchrun's WORLD_SIZE
+        tp_size = args.tp_size or (2 if world_size % 2 == 0 else 1)
+        try:
+            shard_range(HIDDEN, 0, world_size)
+        except ValueError as err:
+            raise ValueError(f"{err}; start it with torchrun --nproc-per-node a divisor of {HIDDEN}, e.g. 2 or 4") from None
+        if world_size % tp_size:
+            raise ValueError(f"a tensor-parallel size of {tp_size} does not divide world_size={world_size}; "
+                             "choose --tp-size a divisor of torchrun's --nproc-per-node")
+        return tp_size
+
+    # Every rank would refuse the same mesh alike: said once, before any group.
+    tp_size = check_world_size(PROG, fits)
+    with exit_on_interrupt(PROG, "nothing was saved; run it again"), distributed() as (info, _):
+        global_batch = 4 * (info.world_size // tp_size)
         pieces = dtensor_worker(info.rank, info.world_size)["pieces"]
         split = parallelize_worker(info.rank, info.world_size)
         splits = [None] * info.world_size
         dist.all_gather_object(splits, split)
-        try:
-            trained = mesh_2d_worker(info.rank, info.world_size, args.num_steps, hidden=8,
-                                     global_batch=global_batch, tp_size=tp_size)
-        except ValueError as err:  # every rank refuses the same mesh, before any collective
-            raise SystemExit(f"device_mesh: {err}") from None
+        trained = mesh_2d_worker(info.rank, info.world_size, args.num_steps, hidden=HIDDEN,
+                                 global_batch=global_batch, tp_size=tp_size)
     if info.is_main:
         round_trips = all(p["round_trip"] for p in pieces.values())
         split_diff = max(compare(splits, one_process()).values())

@@ -9,8 +9,12 @@ Covers ``ddp_tutorial.cluster.jobs``, ``ddp_tutorial.env.slurm``,
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 import slurm_workers
@@ -105,12 +109,27 @@ def test_export_rank_env_needs_the_first_nodes_address():
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2")
 
 
+def test_single_node_picks_a_port_free_on_loopback():
+    # The script's own PORT line, run by bash with the job's python first on PATH: a port 127.0.0.1 can bind now.
+    (line,) = [line for line in jobs.script_text("single_node.sbatch").splitlines() if line.startswith("PORT=$(")]
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    done = subprocess.run(["bash", "-c", f'{line}\necho "$PORT"'], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    port = int(done.stdout)
+    assert 1024 <= port <= 65535
+    with socket.create_server(("127.0.0.1", port)):
+        pass
+
+
 def test_the_scripts_say_what_the_lesson_teaches():
     texts = {name: jobs.script_text(name) for name in jobs.SCRIPTS}
     for name, text in texts.items():
         assert text.startswith("#!/bin/bash\n"), name
         assert re.search(r"^#SBATCH --time=", text, re.M), name
-    assert "srun torchrun --standalone" in texts["single_node.sbatch"]
+    single = texts["single_node.sbatch"]  # one node meets on loopback, as the course's other commands (lesson 09)
+    assert 'srun torchrun --master-addr=127.0.0.1 --master-port="$PORT" ' in single
+    assert single.index("PORT=$(") < single.index("srun torchrun")
+    assert not re.search(r"^[^#]*--standalone", single, re.M)
     multi = texts["multi_node.sbatch"]
     assert re.search(r"^#SBATCH --ntasks-per-node=1 ", multi, re.M)  # one torchrun per node
     for needed in ('scontrol show hostnames "$SLURM_JOB_NODELIST"', "--rdzv-backend=c10d",

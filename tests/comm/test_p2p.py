@@ -95,10 +95,11 @@ def test_module_alone_fails_with_one_line():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     proc = subprocess.run([sys.executable, "-m", "ddp_tutorial.comm.p2p"], capture_output=True, text=True,
                           timeout=90, env=env, cwd=Path(__file__).parent)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a usage error, as argparse's
     assert proc.stderr.strip().splitlines() == [
-        "ddp_tutorial.comm.p2p needs at least 2 ranks (a message needs a receiver): "
-        "torchrun --nproc-per-node=2 -m ddp_tutorial.comm.p2p"]
+        "python -m ddp_tutorial.comm.p2p: error: needs at least 2 ranks (a message needs a receiver), got 1; "
+        "start it with torchrun --nproc-per-node=2 -m ddp_tutorial.comm.p2p"]
+    assert proc.stdout == ""
 
 
 @pytest.mark.slow  # a torchrun command: make test-slow (CI)

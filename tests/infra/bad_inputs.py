@@ -5,7 +5,7 @@ or under torchrun with ``nproc`` processes, and asserts one line on stderr holdi
 torchrun: said once in the whole output), exit ``code``, no traceback, and no work done (training:
 no epoch; the others: nothing on stdout). ``args`` gets a fresh scratch folder, for the files a
 case needs. The commands: ``training.train`` (the default), ``exercises check``, ``bench``,
-``capstone.composed``, ``tensor_parallel.split_mlp``.
+``capstone.composed``, ``tensor_parallel.split_mlp`` and the lessons' other torchrun modules.
 """
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ CHECK = ("ddp_tutorial.exercises", "check", "scatter_p2p")
 BENCH = ("ddp_tutorial.bench",)
 COMPOSED = ("ddp_tutorial.capstone.composed",)
 SPLIT_MLP = ("ddp_tutorial.tensor_parallel.split_mlp",)
+MODEL_PARALLEL = ("ddp_tutorial.pipeline_parallel.model_parallel",)
+PIPELINE_GRID = ("ddp_tutorial.pipeline_parallel.pipeline_grid",)
+DISPATCH = ("ddp_tutorial.expert_parallel.dispatch",)
+EP_DP = ("ddp_tutorial.expert_parallel.ep_dp",)
+DEVICE_MESH = ("ddp_tutorial.tensor_parallel.device_mesh",)
+P2P = ("ddp_tutorial.comm.p2p",)
+TORCH_CP = ("ddp_tutorial.context_parallel.torch_cp",)
 
 
 @dataclass(frozen=True)
@@ -219,4 +226,26 @@ CASES = [
              command=SPLIT_MLP),
     BadInput("split_mlp --hidden 7 under torchrun", lambda d: ["--hidden", "7"],
              "7 units do not split evenly over 2 ranks; choose --hidden a multiple", command=SPLIT_MLP, nproc=2),
+    # the lessons' other torchrun modules: a world they cannot use, refused from WORLD_SIZE before the ranks meet
+    BadInput("model_parallel --batch-size 0 under torchrun", lambda d: ["--batch-size", "0"],
+             "--batch-size must be at least 1, got 0", command=MODEL_PARALLEL, nproc=2),
+    BadInput("pipeline_grid alone", lambda d: [], "a grid of 2 pipeline stages cannot cover world_size=1",
+             command=PIPELINE_GRID),
+    BadInput("pipeline_grid under torchrun with 3", lambda d: [],
+             "a grid of 2 pipeline stages cannot cover world_size=3", command=PIPELINE_GRID, nproc=3),
+    BadInput("pipeline_grid --num-micro 0", lambda d: ["--num-micro", "0"], "--num-micro must be at least 1, got 0",
+             command=PIPELINE_GRID),
+    BadInput("dispatch under torchrun with 3", lambda d: [],
+             "4 experts do not split evenly over 3 ranks; choose --experts a multiple", command=DISPATCH, nproc=3),
+    BadInput("dispatch --top-k 5", lambda d: ["--top-k", "5"], "--top-k 5 chooses more experts than there are",
+             command=DISPATCH),
+    BadInput("ep_dp under torchrun with 3", lambda d: [],
+             "an expert-parallel size of 2 does not divide world_size=3", command=EP_DP, nproc=3),
+    BadInput("device_mesh under torchrun with 3", lambda d: [],
+             "8 units do not split evenly over 3 ranks; start it with torchrun", command=DEVICE_MESH, nproc=3),
+    BadInput("device_mesh --tp-size 3", lambda d: ["--tp-size", "3"],
+             "a tensor-parallel size of 3 does not divide world_size=1", command=DEVICE_MESH),
+    BadInput("p2p alone", lambda d: [], "needs at least 2 ranks (a message needs a receiver), got 1", command=P2P),
+    BadInput("torch_cp under torchrun with 3", lambda d: [],
+             "a sequence of 64 does not split into 2 chunks per rank over 3 ranks", command=TORCH_CP, nproc=3),
 ]

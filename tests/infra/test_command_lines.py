@@ -1,6 +1,7 @@
 """The command lines' own checks, in process and fast (issue 38): ``ddp_tutorial.launch.errors`` (one line,
 once per node, before any group; Ctrl-C exit 130), and the options of ``exercises check``, ``bench``,
-``capstone.composed`` and ``tensor_parallel.split_mlp``. ``test_bad_inputs.py`` runs the same as real
+``capstone.composed``, ``tensor_parallel.split_mlp`` and the lessons' other torchrun modules (world sizes
+they cannot split over, refused from ``WORLD_SIZE``). ``test_bad_inputs.py`` runs the same as real
 processes (slow).
 """
 
@@ -17,10 +18,14 @@ import pytest
 from ddp_tutorial.bench.__main__ import build_parser as bench_parser
 from ddp_tutorial.bench.common import checked, output_problem
 from ddp_tutorial.capstone import composed
+from ddp_tutorial.comm import p2p
+from ddp_tutorial.context_parallel import torch_cp
 from ddp_tutorial.exercises.__main__ import main as exercises_main
 from ddp_tutorial.exercises.__main__ import source_problem
+from ddp_tutorial.expert_parallel import dispatch, ep_dp
 from ddp_tutorial.launch.errors import check_world_size, exit_on_interrupt, report, speaks_for_node
-from ddp_tutorial.tensor_parallel import split_mlp
+from ddp_tutorial.pipeline_parallel import model_parallel, pipeline_grid
+from ddp_tutorial.tensor_parallel import device_mesh, split_mlp
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN_RANK_1 = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
@@ -206,3 +211,118 @@ def test_split_mlp_refuses_an_uneven_split_from_world_size_before_any_group(monk
     for option in ("--hidden", "--batch-size"):
         line = _refused(capsys, lambda: split_mlp.main([option, "0"]))
         assert line.endswith(f"error: {option} must be at least 1, got 0")
+
+
+# the lessons' other torchrun modules: a world they cannot split over, refused from WORLD_SIZE before any group
+
+
+def _world_of(monkeypatch, size: int) -> None:
+    _launched_as(monkeypatch, RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(size), LOCAL_WORLD_SIZE=str(size))
+
+
+def _no_group(monkeypatch, module) -> None:
+    """A process group (or, for model_parallel, the worker that starts one) fails the test."""
+    if hasattr(module, "distributed"):
+        monkeypatch.setattr(module, "distributed", lambda *a, **k: pytest.fail("a process group was started"))
+    monkeypatch.setattr("torch.distributed.init_process_group", lambda *a, **k: pytest.fail("init_process_group"))
+
+
+WRONG_WORLDS = [  # (module, options, world size, the line it must say)
+    (pipeline_grid, [], 3, "python -m ddp_tutorial.pipeline_parallel.pipeline_grid: error: a grid of 2 pipeline "
+     "stages cannot cover world_size=3: the world size must be a multiple of 2 (stages x replicas); start it with "
+     "torchrun --nproc-per-node=4 -m ddp_tutorial.pipeline_parallel.pipeline_grid"),
+    (pipeline_grid, ["--widths", "10", "10", "10", "5"], 4, "a grid of 3 pipeline stages cannot cover "
+     "world_size=4: the world size must be a multiple of 3 (stages x replicas); start it with torchrun "
+     "--nproc-per-node=6"),
+    (pipeline_grid, ["--global-batch", "6"], 4, "error: rows per replica (3); num_micro=3 does not split evenly "
+     "into 2; choose --global-batch a multiple of 2 replica(s) x --num-micro"),
+    (dispatch, [], 3, "python -m ddp_tutorial.expert_parallel.dispatch: error: 4 experts do not split evenly over "
+     "3 ranks; choose --experts a multiple of torchrun's --nproc-per-node"),
+    (dispatch, ["--experts", "6"], 4, "error: 6 experts do not split evenly over 4 ranks"),
+    (ep_dp, [], 3, "python -m ddp_tutorial.expert_parallel.ep_dp: error: an expert-parallel size of 2 does not "
+     "divide world_size=3; choose --ep a divisor of both torchrun's --nproc-per-node and the 4 experts"),
+    (ep_dp, ["--ep", "3"], 6, "error: 4 experts do not split evenly over an expert-parallel size of 3"),
+    (device_mesh, [], 3, "python -m ddp_tutorial.tensor_parallel.device_mesh: error: 8 units do not split evenly "
+     "over 3 ranks; start it with torchrun --nproc-per-node a divisor of 8, e.g. 2 or 4"),
+    (device_mesh, ["--tp-size", "4"], 2, "error: a tensor-parallel size of 4 does not divide world_size=2; "
+     "choose --tp-size a divisor of torchrun's --nproc-per-node"),
+    (p2p, None, 1, "python -m ddp_tutorial.comm.p2p: error: needs at least 2 ranks (a message needs a receiver), "
+     "got 1; start it with torchrun --nproc-per-node=2 -m ddp_tutorial.comm.p2p"),
+    (torch_cp, [], 3, "python -m ddp_tutorial.context_parallel.torch_cp: error: a sequence of 64 does not split "
+     "into 2 chunks per rank over 3 ranks; start it with torchrun --nproc-per-node=2 or 4"),
+]
+
+
+@pytest.mark.parametrize(("module", "options", "world_size", "says"), WRONG_WORLDS,
+                         ids=[f"{m.__name__.rsplit('.', 1)[1]}-{n}-{' '.join(o or [])}" for m, o, n, _ in WRONG_WORLDS])
+def test_a_world_the_module_cannot_use_is_one_line_before_any_group(monkeypatch, capsys, module, options, world_size,
+                                                                     says):
+    _no_group(monkeypatch, module)
+    _world_of(monkeypatch, world_size)
+    line = _refused(capsys, lambda: module.main() if options is None else module.main(options))
+    assert says in line, line
+    assert capsys.readouterr().out == ""  # refused before any work: torch_cp prints its defaults only after
+
+
+def test_the_other_ranks_of_a_wrong_world_exit_2_in_silence(monkeypatch, capsys):
+    # Local rank 1 finds the same fault; local rank 0 says it (torchrun ends the job at the first exit).
+    monkeypatch.setattr("ddp_tutorial.launch.errors.time.sleep", lambda seconds: None)
+    for module in (pipeline_grid, dispatch, ep_dp, device_mesh, torch_cp):
+        _no_group(monkeypatch, module)
+        _launched_as(monkeypatch, RANK="1", LOCAL_RANK="1", WORLD_SIZE="3", LOCAL_WORLD_SIZE="3")
+        with pytest.raises(SystemExit) as exit_:
+            module.main([])
+        assert exit_.value.code == 2, module.__name__
+        assert capsys.readouterr() == ("", ""), module.__name__
+
+
+@pytest.mark.parametrize(("module", "option", "value", "says"), [
+    (model_parallel, "--num-steps", "0", "--num-steps must be at least 1, got 0"),
+    (model_parallel, "--batch-size", "0", "--batch-size must be at least 1, got 0"),
+    (model_parallel, "--lr", "nan", "--lr must be a finite number of at least 0, got nan"),
+    (pipeline_grid, "--num-micro", "0", "--num-micro must be at least 1, got 0"),
+    (pipeline_grid, "--global-batch", "-8", "--global-batch must be at least 1, got -8"),
+    (pipeline_grid, "--widths", "10", "--widths needs at least 2 widths (an input and an output), got 1"),
+    (pipeline_grid, "--lr", "inf", "--lr must be a finite number of at least 0, got inf"),
+    (dispatch, "--experts", "0", "--experts must be at least 1, got 0"),
+    (dispatch, "--top-k", "5", "--top-k 5 chooses more experts than there are (--experts 4)"),
+    (dispatch, "--capacity-factor", "0", "--capacity-factor must be a positive finite number, got 0.0"),
+    (ep_dp, "--ep", "0", "--ep must be at least 1, got 0"),
+    (ep_dp, "--steps", "0", "--steps must be at least 1, got 0"),
+    (device_mesh, "--tp-size", "0", "--tp-size must be at least 1, got 0"),
+    (device_mesh, "--num-steps", "-1", "--num-steps must be at least 1, got -1"),
+    (torch_cp, "--seq", "8", "unrecognized arguments: --seq 8"),
+], ids=lambda value: value.__name__.rsplit(".", 1)[1] if hasattr(value, "__name__") else None)
+def test_a_bad_option_of_a_lesson_module_is_one_line(monkeypatch, capsys, module, option, value, says):
+    _no_group(monkeypatch, module)
+    monkeypatch.setattr(model_parallel, "ddp_mp_worker", lambda *a, **k: pytest.fail("the worker ran"))
+    _launched_as(monkeypatch)
+    line = _refused(capsys, lambda: module.main([option, value]))
+    assert line == f"{module.PROG}: error: {says}", line
+
+
+def test_model_parallel_refuses_a_broken_launcher_environment_in_one_line(monkeypatch, capsys):
+    # Any world size fits (without two GPUs per rank, both halves run on the CPU); the environment is still checked.
+    monkeypatch.setattr(model_parallel, "ddp_mp_worker", lambda *a, **k: pytest.fail("the worker ran"))
+    _launched_as(monkeypatch, RANK="5", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    assert _refused(capsys, lambda: model_parallel.main([])) == (
+        "python -m ddp_tutorial.pipeline_parallel.model_parallel: error: RANK=5 is not in range for WORLD_SIZE=2")
+
+
+@pytest.mark.parametrize("module", [model_parallel, pipeline_grid, dispatch, ep_dp, device_mesh, p2p, torch_cp],
+                         ids=lambda module: module.__name__.rsplit(".", 1)[1])
+def test_ctrl_c_in_a_lesson_module_is_one_line_and_130(monkeypatch, capsys, module):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # A world that fits each (p2p and pipeline_grid's two stages need two ranks), and Ctrl-C where the ranks meet.
+    _world_of(monkeypatch, 2 if module in (p2p, pipeline_grid) else 1)
+    if module is model_parallel:
+        monkeypatch.setattr(module, "ddp_mp_worker", interrupted)
+    else:
+        monkeypatch.setattr(module, "distributed", interrupted)
+    argv = None if module is p2p else []  # p2p takes no options
+    with pytest.raises(SystemExit) as exit_:
+        module.main() if argv is None else module.main(argv)
+    assert exit_.value.code == 130 and exit_.value.__cause__ is None
+    assert capsys.readouterr().err == f"{module.PROG}: interrupted: nothing was saved; run it again\n"

@@ -8,7 +8,6 @@ Covers ``ddp_tutorial.pipeline_parallel.model_parallel``,
 from __future__ import annotations
 
 import re
-import sys
 import threading
 
 import pytest
@@ -241,13 +240,15 @@ def test_grid_worker_refuses_a_bad_world_and_a_bad_batch():
         spawn(grid_worker, 2, args=(1, 0.1, 8, 3), timeout=30, quiet=True)
 
 
-def test_pipeline_grid_alone_fails_with_one_line(monkeypatch):
+def test_pipeline_grid_alone_fails_with_one_line(monkeypatch, capsys):
     monkeypatch.delenv("RANK", raising=False)  # a plain `python -m`: a world of one
-    monkeypatch.setattr(sys, "argv", ["pipeline_grid"])
     with pytest.raises(SystemExit) as exit_info:
-        pipeline_grid_main()
-    message = str(exit_info.value.code)
-    assert "\n" not in message and "multiple of 2" in message and "torchrun" in message
+        pipeline_grid_main([])
+    assert exit_info.value.code == 2  # a usage error, as argparse's
+    assert capsys.readouterr().err.splitlines() == [
+        "python -m ddp_tutorial.pipeline_parallel.pipeline_grid: error: a grid of 2 pipeline stages cannot cover "
+        "world_size=1: the world size must be a multiple of 2 (stages x replicas); start it with torchrun "
+        "--nproc-per-node=4 -m ddp_tutorial.pipeline_parallel.pipeline_grid"]
 
 
 @pytest.mark.slow  # a torchrun command: make test-slow (CI)
