@@ -56,7 +56,7 @@ def submit(cluster, script: str, *args: str, cwd, options=()) -> tuple[int, dict
         return job_id, fields, f.read()
 
 
-def test_single_node_torchrun_standalone(cluster, job_dir):
+def test_single_node_torchrun_meets_on_loopback(cluster, job_dir):
     _, job, out = submit(cluster, "single_node.sbatch", "--epochs", "2", cwd=job_dir)
     assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), out
     assert "after 2 epochs, 2 process(es)" in out, out
