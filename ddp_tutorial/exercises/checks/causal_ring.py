@@ -104,9 +104,9 @@ def explain(got: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank
                     "block's lse = logsumexp(s) (a running maximum) and exponentiate s - lse, never s itself")
         return ("the output holds NaN: a block whose keys are all masked for a query gives lse = -inf and "
                 "exp(-inf - (-inf)) = NaN. A key chunk entirely after the query chunk needs no product at all")
-    for candidate, what in look_alikes(q, k, v, rank, n):
-        if close(got, candidate):
-            return what
+    seen = [what for candidate, what in look_alikes(q, k, v, rank, n) if close(got, candidate)]
+    if seen:  # two mistakes can give one rank the same rows (rank 0's own keys are its contiguous prefix)
+        return "; or, which gives this rank the same rows, ".join(seen)
     c = q.shape[2] // (2 * n)
     wrong = [i for i, (g, w) in zip((rank, 2 * n - 1 - rank), zip(got.split(c, 2), want.split(c, 2))) if not close(g, w)]
     return (f"the rows of chunk {wrong[0]} (of {2 * n}) differ from causal SDPA on the whole sequence by up to "
