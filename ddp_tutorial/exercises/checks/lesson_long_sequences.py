@@ -1,12 +1,12 @@
 """Lesson 20's exercises: ring attention's forward (20.1) and its causal zig-zag form (20.2, checked in ``causal_ring``).
 
-20.1, the forward from point-to-point messages and the log-sum-exp merge.
-The reference is torch's ``scaled_dot_product_attention`` on the whole sequence, in one
-process, in float64: the checker draws the whole q, k, v from a seed on every rank and gives
-each rank its contiguous slice. Every message is recorded (``traced``): K/V only to the right
-neighbour and from the left one, ``N - 1`` hops' worth of elements; collectives are refused
-(the exercise asks for the ring), and so are the classic wrong merges. A ``TorchDispatchMode``
-watches every tensor the learner's call makes: one whose last two dimensions reach the whole
+20.1 builds the forward from point-to-point messages and the log-sum-exp merge. The reference is
+torch's ``scaled_dot_product_attention`` on the whole sequence, in one process, in float64: the
+checker draws the whole q, k, v from a seed on every rank and gives each rank its contiguous
+slice. Every message is recorded (``traced``): K/V only to the right neighbour and from the left
+one, ``N - 1`` hops' worth of elements; collectives are refused (the exercise asks for the ring),
+and so are the classic wrong merges. A ``TorchDispatchMode`` (``attention_checks``, shared with
+20.2) watches every tensor the learner's call makes: one whose last two dimensions reach the whole
 sequence (all the keys, or all the scores, held at once) fails, whatever the result. A float32
 case with scores near 100 overflows ``exp`` unless a running maximum (the lse) is kept.
 """
