@@ -109,6 +109,14 @@ MISTAKES.update({
                        "    kv = torch.stack([k, v])\n    every = [torch.empty_like(kv) for _ in range(n)]\n"
                        "    dist.all_gather(every, kv)"),
         ["NotAllowed", "dist.all_gather is not allowed", "asks for the ring"], 30),
+    "causal ring: every K/V block kept, SDPA once on the whole sequence": (
+        CAUSAL, broken(CAUSAL, "    kv = torch.stack([k, v])  # one message per hop",
+                       "    kv = torch.stack([k, v])  # one message per hop\n    kept = []")
+        .replace("        for work in works:", "        kept.append(kv)\n        for work in works:")
+        .replace("    return torch.cat(outs, dim=2)", "    if n == 1:\n        return torch.cat(outs, dim=2)\n"
+                 "    every = torch.cat(kept, dim=3)  # then one attention over every key\n"
+                 "    return torch.nn.functional.scaled_dot_product_attention(q, every[0], every[1])"),
+        ["world of 2", "the whole sequence's keys (or scores) held at once"], 30),
     "causal ring: the own block only, the arriving ones never computed with": (
         CAUSAL, broken(CAUSAL, "    for hop in range(n):", "    for hop in range(1):"),
         ["world of 2", "this rank's own keys only"], 30),
