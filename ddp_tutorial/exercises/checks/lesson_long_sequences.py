@@ -1,11 +1,12 @@
-"""Lesson 20's exercise: ring attention's forward from point-to-point messages and the log-sum-exp merge.
+"""Lesson 20's exercises: ring attention's forward (20.1) and its causal zig-zag form (20.2, checked in ``causal_ring``).
 
-The reference is torch's ``scaled_dot_product_attention`` on the whole sequence, in one
-process, in float64: the checker draws the whole q, k, v from a seed on every rank and gives
-each rank its contiguous slice. Every message is recorded (``traced``): K/V only to the right
-neighbour and from the left one, ``N - 1`` hops' worth of elements; collectives are refused
-(the exercise asks for the ring), and so are the classic wrong merges. A ``TorchDispatchMode``
-watches every tensor the learner's call makes: one whose last two dimensions reach the whole
+20.1 builds the forward from point-to-point messages and the log-sum-exp merge. The reference is
+torch's ``scaled_dot_product_attention`` on the whole sequence, in one process, in float64: the
+checker draws the whole q, k, v from a seed on every rank and gives each rank its contiguous
+slice. Every message is recorded (``traced``): K/V only to the right neighbour and from the left
+one, ``N - 1`` hops' worth of elements; collectives are refused (the exercise asks for the ring),
+and so are the classic wrong merges. A ``TorchDispatchMode`` (``attention_checks``, shared with
+20.2) watches every tensor the learner's call makes: one whose last two dimensions reach the whole
 sequence (all the keys, or all the scores, held at once) fails, whatever the result. A float32
 case with scores near 100 overflows ``exp`` unless a running maximum (the lse) is kept.
 """
@@ -13,48 +14,24 @@ case with scores near 100 overflows ``exp`` unless a running maximum (the lse) i
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.checks.attention_checks import RING_ONLY, SCALE, WholeSequence, close, messages
+from ddp_tutorial.exercises.checks.causal_ring import causal_ring_attention_worker
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
-from ddp_tutorial.exercises.tracing import COLLECTIVES, SENDS, Trace, traced
+from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
 
-RING_ONLY = ("this exercise asks for the ring, K/V blocks passed with isend/irecv. Gathering every rank's "
-             "K/V is a valid design too (torch's context_parallel does it by default, Llama 3 trained with "
-             "it), at the memory of the whole sequence's keys on every rank; it is not this exercise")
 # (batch, heads, positions per rank, head_dim): head_dim never equals the whole sequence (N <= 4), so a
 # last dimension as long as the sequence can only be keys or scores
 SHAPES = [(1, 1, 2, 3), (2, 3, 3, 4), (1, 2, 1, 5)]
-LARGE = (1, 2, 3, 8)  # the float32 case: q scaled so that scores reach 100 and more on every rank
-SCALE = 60.0
-
-
-class WholeSequence(TorchDispatchMode):
-    """The first tensor (4-D or more: keys, values, scores) an op makes whose last two dimensions reach ``whole``."""
-
-    def __init__(self, whole: int):
-        super().__init__()
-        self.whole, self.seen = whole, None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001  (torch's protocol)
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if self.seen is None and isinstance(t, torch.Tensor) and t.dim() >= 4 and self.whole in t.shape[-2:]:
-                self.seen = (str(func).split(".")[1] if "." in str(func) else str(func), tuple(t.shape))
-        return out
+LARGE = (1, 2, 3, 8)  # the float32 case: q scaled (SCALE) so that scores reach 100 and more on every rank
 
 
 def whole(shape: tuple[int, int, int, int], world_size: int, seed: int) -> list[torch.Tensor]:
     b, h, s, d = shape
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(b, h, s * world_size, d, generator=gen, dtype=torch.float64) for _ in range(3)]
-
-
-def close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    tol = 1e-10 if a.dtype == torch.float64 else 1e-4
-    return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=tol, atol=tol)
 
 
 def blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -96,23 +73,6 @@ def explain(got: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank
             "block's lse = logsumexp(q k^T / sqrt(d)) and the running output rescaled when lse grows?")
 
 
-def messages(trace: Trace, rank: int, n: int, numel: int) -> str | None:
-    """K/V to the right neighbour only, from the left one only, ``2 (N - 1)`` blocks' elements in all."""
-    right, left = (rank + 1) % n, (rank - 1) % n
-    sent = 0
-    for call in trace.calls:
-        sending = call.kind in SENDS
-        if call.peer != (right if sending else left):
-            return (f"it called {call.kind} {'to' if sending else 'from'} rank {call.peer}: in the ring rank "
-                    f"{rank} sends only to {right} and receives only from {left}")
-        sent += call.numel if sending else 0
-    if sent != 2 * (n - 1) * numel:
-        return (f"the output is right, but rank {rank} sent {sent} elements; the ring needs N - 1 = {n - 1} "
-                f"hops of one K and one V block ({2 * (n - 1) * numel} elements): the last block is not sent "
-                "on, and q never travels")
-    return None
-
-
 def ring_attention_forward_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
     """Each shape in ``SHAPES`` against SDPA on the whole sequence; only ring messages allowed."""
     with traced(rank, trace_dir, forbid=COLLECTIVES, reason=RING_ONLY) as trace:
@@ -128,10 +88,7 @@ def ring_attention_forward_worker(rank: int, world_size: int, source: str, funct
             with watch:
                 got = fn(*args)
             if world_size > 1 and watch.seen:
-                op, seen = watch.seen
-                return (f"{op} made a tensor of shape {seen}: {shape[2] * world_size} positions, the whole "
-                        "sequence's keys (or scores) held at once on one rank. Keep one K/V block at a time and "
-                        "merge each block's result into the running one with the log-sum-exp rule")
+                return watch.refusal()
             wrong = explain(got, mine[0], k, v, rank, world_size)
             if wrong:
                 return wrong
@@ -168,4 +125,30 @@ EXERCISES = [
                 "right neighbour and from the left one, N - 1 hops of one K and one V block; collectives "
                 "refused; the arguments unchanged; ddp_tutorial.context_parallel is refused"),
         worker=ring_attention_forward_worker),
+    Exercise(
+        name="causal_ring_attention", number="20.2", lesson=20, notebook="20_long_sequences.ipynb",
+        title="causal ring attention on the zig-zag layout: the diagonal blocks and the blocks to skip",
+        level="hard",
+        task=("Compute causal attention of this rank's two chunks of the sequence (the zig-zag layout: chunks r "
+              "and 2N - 1 - r of 2N) with the whole sequence's keys, passing the K/V blocks around the ring and "
+              "computing, for each pair of a query chunk and a key chunk, only what the causal mask lets through."),
+        hint=("Name every chunk by its global index: your queries are chunks r and 2N - 1 - r, and the block that "
+              "arrives at hop h is rank (r - h)'s, chunks r - h and 2N - 1 - (r - h) (mod N). The causal mask "
+              "compares positions, so each pair of a query chunk i and a key chunk j is one of three cases."),
+        more_hints=("j > i: every key comes after every query, the pair contributes nothing (no product at all). "
+                    "j == i: the diagonal, the same positions on both sides, a triangular mask inside the chunk. "
+                    "j < i: every key comes before every query, the pair is attended whole. Each query chunk keeps "
+                    "its own running output and lse, merged as in 20.1.",
+                    "With c = seq per chunk: q chunk a is q[:, :, a c:(a + 1) c], likewise the held block's chunk b. "
+                    "Diagonal: s = s.masked_fill(triu(ones(c, c), 1), -inf) before lse_b = logsumexp(s, -1). "
+                    "Merge: new = logaddexp(lse_a, lse_b); out_a = out_a exp(lse_a - new) + o_b exp(lse_b - new). "
+                    "Return the two chunks' outputs concatenated, in q's order."),
+        checks=("three shapes in float64 (one position per chunk among them) and one in float32 with scores near "
+                "100 (no running maximum overflows), compared with scaled_dot_product_attention(is_causal=True) on "
+                "the whole sequence in one process, placed zig-zag; the matrix products each rank computes (mm, "
+                "bmm, attention kernels) at most the 2N + 1 chunk pairs the causal mask leaves it (a pair hidden "
+                "entirely must be skipped, not masked); no tensor as long as the whole sequence; messages only "
+                "to the right neighbour and from the left one, N - 1 hops of one K and one V block; collectives "
+                "refused; the arguments unchanged; ddp_tutorial.context_parallel is refused"),
+        world_sizes=(1, 2, 3, 4), worker=causal_ring_attention_worker),
 ]
