@@ -1,8 +1,9 @@
 """The checks, one module per lesson, named after its notebook (``lesson_ring_all_reduce`` checks
 ``06_ring_all_reduce``): each defines its ``EXERCISES`` and their rank-side workers; ``registry``
 finds them all and orders them by number. A lesson's module may import an exercise's worker
-from a helper module beside it (``checkpoint_loading`` for 18.2; ``launching`` for 3.1, whose
-children run the standard-library workers of ``launch_targets``), to stay one screenful per topic.
+from a helper module beside it (``checkpoint_loading`` for 18.2; ``causal_ring`` for 20.2, with
+what it shares with 20.1 in ``attention_checks``; ``mesh_gradients`` for 15.2; ``launching`` for 3.1,
+whose children run the standard-library workers of ``launch_targets``), to stay one screenful per topic.
 
 A worker runs in every rank as ``worker(rank, world_size, source, function, trace_dir)``,
 loads the learner's function from ``source`` (``harness.load_function``) and compares
