@@ -20,7 +20,6 @@ A wrong order of blocking calls hangs: the check's timeout names the call and li
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
