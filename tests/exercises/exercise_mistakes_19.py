@@ -95,6 +95,11 @@ MISTAKES.update({
                    ("sends.append(dist.isend(h.grad, dst=stage - 1))", "dist.send(h.grad, dst=stage - 1)")),
         ["2 micro-batches on 2 stages", "rank 0 is stuck in send to rank 1", "rank 1 is stuck in send to rank 0",
          "both send first"], 20),
+    "19.2 torch's Schedule1F1B runs the step": (
+        STEP, "def one_f_one_b_step(module, stage, num_stages, *, num_micro, micro_batches, loss_fn, shape):\n"
+              "    from torch.distributed.pipelining import PipelineStage, Schedule1F1B\n"
+              "    raise RuntimeError('not reached')\n",
+        ["imports torch.distributed.pipelining", "the exercise is to write this yourself"], 30),
 })
 
 # Other right answers the checker must accept: name -> (exercise, source, timeout in seconds)

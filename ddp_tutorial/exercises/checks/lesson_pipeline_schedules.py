@@ -169,7 +169,8 @@ EXERCISES = [
                 "activation's size, one activation and one gradient per micro-batch per neighbour, no collective; "
                 "each stage's order of forwards and backwards (saved-tensor hooks) equal to 1F1B's, never more "
                 f"than min(p - s, m) micro-batches' activations alive (\"{GPIPE}\" otherwise); the gradients "
-                "and the loss compared with the unsplit model on the whole batch (1e-12); a hang named by call and line"),
+                "and the loss compared with the unsplit model on the whole batch (1e-12); a hang named by call and line; "
+                "the lesson's own 1F1B and torch.distributed.pipelining refused"),
         hang_hint=("a deadlock: each stuck rank waits for a neighbour that is itself waiting. With blocking "
                    "send/recv two neighbours that both send first wait forever in the steady state: send with "
                    "isend and wait only on what you receive (or pair them with batch_isend_irecv); a stage stuck "

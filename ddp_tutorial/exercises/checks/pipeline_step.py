@@ -15,6 +15,7 @@ learner's step runs, the checker watches the stage, never trusting what it retur
 - the gradients are compared with one process on the whole batch (the unsplit model, 1e-12);
   ``m`` times too large and "only the last micro-batch" are named.
 A wrong order of blocking calls hangs: the check's timeout names the call and line each rank is stuck at.
+The lesson's own 1F1B (``one_f_one_b``, ``orders``) and ``torch.distributed.pipelining`` are refused.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from ddp_tutorial.pipeline_parallel.model_parallel import toy_batch
 from ddp_tutorial.pipeline_parallel.one_f_one_b import OUT_FEATURES, WIDTH, build_layers, global_grads, stage_module
 from ddp_tutorial.pipeline_parallel.orders import one_f_one_b_order
 
-REFUSED = ("ddp_tutorial.pipeline_parallel.orders", "ddp_tutorial.pipeline_parallel.one_f_one_b")
+# the lesson's own 1F1B, and torch's schedules (Schedule1F1B would run the whole step for you)
+REFUSED = ("ddp_tutorial.pipeline_parallel.orders", "ddp_tutorial.pipeline_parallel.one_f_one_b",
+           "ddp_tutorial.pipeline_parallel.torch_schedules", "torch.distributed.pipelining")
 ROWS = 2  # rows per micro-batch
 TOLERANCE = 1e-12
 GPIPE = "GPipe order: all forwards before any backward holds m activations"
