@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.checks.pipeline_step import GPIPE, one_f_one_b_step_worker
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
 from ddp_tutorial.exercises.tracing import Trace, original, traced
@@ -145,4 +146,34 @@ EXERCISES = [
                 "by stage s; no longer than m + p - 1 slots; then run with isend/irecv and the gradients and "
                 "loss compared with one process (1e-12)"),
         worker=one_f_one_b_order_worker),
+    Exercise(
+        name="one_f_one_b_step", number="19.2", lesson=19, notebook="19_pipeline_schedules.ipynb",
+        title="a 1F1B training step with real messages", level="hard",
+        task=("Run one training step of stage `stage` of `num_stages` (this rank) on `num_micro` micro-batches "
+              "under 1F1B: activations forward and gradients back with isend/irecv to the neighbour stages, "
+              "the parameters' gradients those of one process on the whole batch, never more than "
+              "`min(num_stages - stage, num_micro)` micro-batches' activations held, no deadlock."),
+        hint=("A forward needs its input from the previous stage and a backward needs its output's gradient from "
+              "the next: those receives must complete before the compute. Sends need not: a stage that waits for "
+              "its own send while its neighbour waits for its own is the deadlock of the steady state."),
+        more_hints=("Keep each micro-batch's input and output until its backward, and drop them there: that is "
+                    "what frees its activations. Backward adds into .grad, so the micro-batches accumulate by "
+                    "themselves if nothing zeroes them; the loss each one backpropagates is its share of the "
+                    "whole batch's mean.",
+                    "Stage s runs w = min(p - 1 - s, m) forwards, then for i = w .. m - 1 the forward of i and "
+                    "the backward of i - w, then the backwards of m - w .. m - 1. A forward: irecv from s - 1 "
+                    "(waited), requires_grad on it, the module, isend to s + 1 (last stage: loss_fn(out, i) / m). "
+                    "A backward: irecv the gradient from s + 1 (waited), out.backward(grad), isend the input's "
+                    ".grad to s - 1. Wait on every send before returning."),
+        checks=("micro-batch counts 1, p and 2p + 1 on 2, 3 and 4 stages: every send to a neighbour, of the "
+                "activation's size, one activation and one gradient per micro-batch per neighbour, no collective; "
+                "each stage's order of forwards and backwards (saved-tensor hooks) equal to 1F1B's, never more "
+                f"than min(p - s, m) micro-batches' activations alive (\"{GPIPE}\" otherwise); the gradients "
+                "and the loss compared with the unsplit model on the whole batch (1e-12); a hang named by call and line; "
+                "the lesson's own 1F1B and torch.distributed.pipelining refused"),
+        hang_hint=("a deadlock: each stuck rank waits for a neighbour that is itself waiting. With blocking "
+                   "send/recv two neighbours that both send first wait forever in the steady state: send with "
+                   "isend and wait only on what you receive (or pair them with batch_isend_irecv); a stage stuck "
+                   "receiving a gradient may also be waiting for one its neighbour never sends"),
+        world_sizes=(2, 3, 4), worker=one_f_one_b_step_worker),
 ]
