@@ -253,3 +253,9 @@ def test_recording_tells_the_learners_calls_from_the_librarys_own(tmp_path, monk
     assert [c.arguments.get("weights_only") for c in learner_calls(calls, "torch.load")] == [False]
     log = (tmp_path / "rank0.log").read_text().splitlines()
     assert log[:2] == ["> torch.load (call 1)", "< torch.load (call 1)"] and "> read (call 2)" in log
+
+
+def test_the_readme_names_every_hard_exercise():
+    hard = [e.number for e in EXERCISES.values() if e.level == "hard"]
+    assert all(len(EXERCISES[name].hints) == 3 for name in EXERCISES if EXERCISES[name].level == "hard")
+    assert f"The hard exercises ({', '.join(hard)}) have three hints" in (ROOT / "README.md").read_text()
