@@ -26,6 +26,7 @@ def test_each_start_method_gives_the_child_what_pythons_documentation_says():
     assert sm.MARK == "as imported"  # the parent's change is undone
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 def test_process_and_mp_spawn_launchers_return_results_by_rank():
     assert sm.launch_with_process(world_size=2, timeout=90) == [3.0, 3.0]
     assert sm.launch_with_mp_spawn(world_size=2, timeout=90) == [3.0, 3.0]

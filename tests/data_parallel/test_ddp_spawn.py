@@ -121,6 +121,7 @@ def test_module_runs_alone_with_mp_spawn():
     assert f"final weights checksum {same_run_with_launch_spawn():.6f}" in out.stdout, out.stdout
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 def test_module_runs_under_torchrun():
     from ddp_tutorial.launch import torchrun
 

@@ -12,6 +12,7 @@ from ddp_tutorial.doctor import FLOORS, floor_problem, older_than, release
 from ddp_tutorial.nbtools import rounded
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.timeout(120)
 def test_doctor_passes_on_this_machine_and_runs_the_all_reduce():
     out = subprocess.run([sys.executable, "-m", "ddp_tutorial"], capture_output=True, text=True, timeout=100)

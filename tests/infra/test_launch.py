@@ -157,7 +157,8 @@ def test_still_running_sees_what_a_process_group_holds_until_it_is_gone():
     assert still_running([leader.pid], wait=2) == []
 
 
-@pytest.mark.parametrize("twice", [False, True], ids=["once", "again_while_stopping"])
+@pytest.mark.parametrize("twice", [False, pytest.param(True, marks=pytest.mark.slow)],  # slow: make test < 12 min
+                         ids=["once", "again_while_stopping"])
 def test_an_interrupt_stops_every_rank_and_what_it_started(tmp_path, twice):
     # Ctrl-C, or Jupyter's "interrupt kernel": SIGINT to the caller -> KeyboardInterrupt in
     # spawn. An impatient user presses it again while the ranks are being stopped: that
@@ -427,6 +428,7 @@ def processes_mentioning(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
 def test_torchrun_timeout_raises_with_the_output_and_leaves_no_process(tmp_path):
     module, env = hanging_module(tmp_path)
@@ -449,6 +451,7 @@ def test_torchrun_timeout_raises_with_the_output_and_leaves_no_process(tmp_path)
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
 def test_an_interrupt_stops_torchrun_and_its_workers_even_deaf_ones(tmp_path):
     # The workers ignore SIGTERM, so torchrun cannot stop them in time: the launcher must.
@@ -473,6 +476,7 @@ def test_an_interrupt_stops_torchrun_and_its_workers_even_deaf_ones(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 def test_torchrun_workers_get_one_thread_unless_told_and_lines_arrive_one_by_one(tmp_path):
     module = f"threads_{uuid.uuid4().hex}"
     (tmp_path / f"{module}.py").write_text('import os\nprint("OMP_NUM_THREADS=" + os.environ["OMP_NUM_THREADS"])\n')

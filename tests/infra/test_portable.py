@@ -24,6 +24,7 @@ def run(code: str, capability: str) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.timeout(180)
 def test_spawned_ranks_run_the_kernels_the_caller_asked_for():
     # The forkserver that forks the ranks imports torch once: it must see the variable too.

@@ -10,6 +10,7 @@ from ddp_tutorial.launch import spawn, torchrun
 from ddp_tutorial.sharding.sharded_resume import latest_step, train_with_checkpoints
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.timeout(180)
 def test_a_crash_resumes_to_the_uninterrupted_weights(tmp_path):
     folder = tmp_path / "restarted"

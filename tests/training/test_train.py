@@ -86,6 +86,7 @@ def test_crash_and_restart_ends_with_the_uninterrupted_weights(tmp_path):
     assert restarted["history"] == reference[0]["history"]
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.timeout(120)
 def test_two_nodes_on_one_machine_form_one_world():
     nodes = multinode.simulate_nodes(nnodes=2, nproc_per_node=2, rendezvous="c10d", timeout=100)
