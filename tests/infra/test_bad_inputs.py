@@ -67,12 +67,20 @@ def _session_alive(pgid: int) -> bool:
     return True
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    # Run in the background (`make test-slow &`, nohup, some CI runners), the tests inherit SIGINT
+    # ignored, and so would the command: Python then never raises KeyboardInterrupt. A terminal's
+    # foreground program has the default, which is what these tests are about.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted_at(prefix: str, command: list[str], *,
                    stderr: int = subprocess.STDOUT) -> tuple[subprocess.Popen, str, str | None]:
     """Run ``command`` in a session of its own; once a line starts with ``prefix``, SIGINT the session,
     as a terminal's Ctrl-C does. Returns the process, everything it printed on stdout, and its stderr."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
-                               env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))  # lines as they come
+                               env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),  # lines as they come
+                               preexec_fn=ctrl_c_as_in_a_terminal)
     lines = []
     try:
         for line in process.stdout:
@@ -114,7 +122,8 @@ def test_under_torchrun_a_bad_option_is_said_once_before_the_ranks_meet():
 @pytest.mark.timeout(150)
 def test_ctrl_c_on_capstone_composed_is_one_line_and_exit_130():
     done = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_TRAINING, "--steps", "2"], capture_output=True,
-                          text=True, timeout=140, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                          text=True, timeout=140, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          preexec_fn=ctrl_c_as_in_a_terminal)
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip().splitlines() == ["python -m ddp_tutorial.capstone.composed: interrupted: nothing was "
                                                 "saved; run it again"], done.stderr
