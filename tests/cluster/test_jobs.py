@@ -182,6 +182,7 @@ def test_a_request_tells_which_signal_arrived_and_puts_the_old_handlers_back():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL and signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 def test_sigterm_mid_epoch_checkpoints_the_step_and_resumes_to_the_uninterrupted_weights(tmp_path):
     """Preemption's SIGTERM leaves seconds: the ranks stop after the step, not the epoch, and lose nothing."""
     ckpt = str(tmp_path / "ckpt.pt")

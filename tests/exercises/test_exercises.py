@@ -202,6 +202,7 @@ def test_cli_exit_codes(learner_dir, tmp_path, capsys):
         assert usage.value.code == 2
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 def test_python_dash_m_lists_the_exercises():
     out = subprocess.run([sys.executable, "-m", "ddp_tutorial.exercises", "list"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)

@@ -328,6 +328,7 @@ def test_lambda_target_is_refused():
         spawn(lambda rank, world_size: rank, 2)
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 def test_two_launches_in_two_processes_at_once_both_succeed():
     code = textwrap.dedent("""
         import sys

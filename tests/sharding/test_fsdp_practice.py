@@ -11,6 +11,7 @@ from ddp_tutorial.sharding.zero3_train import TOLERANCES
 from tests.sharding.sharding_workers import practice_checks
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.timeout(150)
 def test_fsdp2_in_practice_on_4_ranks():
     for rank, r in enumerate(spawn(practice_checks, 4, timeout=130)):

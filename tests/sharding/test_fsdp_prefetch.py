@@ -16,6 +16,7 @@ EXPECTED = {"default": (3, 2), "last block kept (torchtitan)": (3, 1), "root res
             "root unshard(async_op=True)": (3, 2)}
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.timeout(150)
 def test_prefetch_and_reshard_settings_on_4_ranks():
     assert set(EXPECTED) == set(SETTINGS)

@@ -14,6 +14,7 @@ from ddp_tutorial.sharding.sharded_checkpoint import (
 )
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.timeout(200)
 def test_save_on_4_load_on_2_and_1_and_export(tmp_path):
     folder = str(tmp_path / "checkpoint")

@@ -155,6 +155,7 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(case, tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.timeout(60)
 def test_bad_input_exit_code_of_the_real_program(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ddp_tutorial.training.train", "--dataset", "cifar10",
@@ -231,6 +232,7 @@ def test_bench_train_tiny_run_is_well_formed():
             rate[(data, "2 (DDP)")] / rate[(data, "1")])
 
 
+@pytest.mark.slow  # make test stays under 12 minutes; make test-slow and CI run it
 @pytest.mark.timeout(120)
 def test_bad_input_under_torchrun_is_one_line_per_node_and_no_worker_traceback():
     run = torchrun("ddp_tutorial.training.train", 2, args=["--epochs", "0"], check=False, timeout=100)
