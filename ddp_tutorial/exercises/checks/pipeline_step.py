@@ -14,6 +14,7 @@ learner's step runs, the checker watches the stage, never trusting what it retur
   gradient per micro-batch per neighbour). Collectives are refused.
 - the gradients are compared with one process on the whole batch (the unsplit model, 1e-12);
   ``m`` times too large and "only the last micro-batch" are named.
+
 A wrong order of blocking calls hangs: the check's timeout names the call and line each rank is stuck at.
 The lesson's own 1F1B (``one_f_one_b``, ``orders``) and ``torch.distributed.pipelining`` are refused.
 """
