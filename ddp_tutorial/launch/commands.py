@@ -47,6 +47,11 @@ class TorchrunError(RuntimeError):
                          f"--- output ---\n{result.output.rstrip()}")
 
 
+# options that name the rendezvous: with none of them, torchrun_command picks a free port on 127.0.0.1
+RENDEZVOUS_KEYS = {"standalone", "nnodes", "rdzv_endpoint", "master_port", "master_addr", "rdzv_backend"}
+# what torchrun's store says when its port is taken (torch 2.9-2.15: "... name: EADDRINUSE, ...")
+PORT_TAKEN = "EADDRINUSE"
+
 def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (),
                      **opts: Any) -> list[str]:
     """The ``torchrun`` command line for ``module``; ``opts`` become ``--key=value``.
@@ -57,9 +62,8 @@ def torchrun_command(module: str, nproc_per_node: int = 2, args: Sequence[Any] =
     it to loopback), but the static one opens that one socket instead of two, and its agent
     never unpickles what it reads there (lesson 09, section 1).
     """
-    rdzv_keys = {"standalone", "nnodes", "rdzv_endpoint", "master_port", "master_addr", "rdzv_backend"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
-    if not rdzv_keys & set(opts):
+    if not RENDEZVOUS_KEYS & set(opts):
         # a port 0 would reach the workers as MASTER_PORT=0: the number must be known up front
         cmd += [f"--master-addr={LOCALHOST}", f"--master-port={free_port()}"]
     for key, value in opts.items():
@@ -103,6 +107,11 @@ def torchrun(module: str, nproc_per_node: int = 2, args: Sequence[Any] = (), *,
     # Silent otherwise: torchrun and every worker import torch first (seconds).
     status = f"starting torchrun with {nproc_per_node} processes (each imports torch: a few seconds)..."
     result = run_command(cmd, timeout=timeout, env=run_env, name="torchrun", on_line=on_line, status=status)
+    if result.returncode != 0 and PORT_TAKEN in result.output and not RENDEZVOUS_KEYS & set(opts):
+        # The free port this call chose was taken (by any process) before torchrun's store bound it:
+        # choose again, once. A port the caller named is the caller's to change.
+        cmd = torchrun_command(module, nproc_per_node, args, **opts)
+        result = run_command(cmd, timeout=timeout, env=run_env, name="torchrun", on_line=on_line, status=status)
     if check and result.returncode != 0:
         raise TorchrunError(result, cmd)
     return result

@@ -590,3 +590,21 @@ def test_run_command_without_status_shows_nothing(monkeypatch):
     import ddp_tutorial.launch.commands as commands
     monkeypatch.setattr(commands, "choose_view", lambda: pytest.fail("no status: no view is needed"))
     assert run_command([sys.executable, "-c", "print('x')"], timeout=60).output == "x\n"
+
+
+@pytest.mark.slow  # two torchrun starts
+def test_torchrun_chooses_another_port_when_the_one_it_chose_is_taken(tmp_path, monkeypatch):
+    # A port free when chosen may be taken before torchrun's store binds it (another test, another
+    # program): the call chooses again, once, and the job runs.
+    import socket
+
+    from ddp_tutorial.launch import commands
+    module = f"hello_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text('print("ran")\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        ports = iter([taken.getsockname()[1], commands.free_port()])
+        monkeypatch.setattr(commands, "free_port", lambda: next(ports))
+        result = torchrun(module, 1, env=env, timeout=120)
+    assert result.output.count("ran") == 1, result.output
+    assert next(ports, None) is None  # both ports were asked for: the taken one, then another
