@@ -157,6 +157,13 @@ def test_still_running_sees_what_a_process_group_holds_until_it_is_gone():
     assert still_running([leader.pid], wait=2) == []
 
 
+def _stopping_began(pid_dir: Path, pids: list[int]) -> bool:
+    """The launcher has begun stopping: a rank's SIGTERM note, or a rank's own process already killed
+    (``stop_ranks`` pauses the ranks and kills what they started first). On a loaded machine the note
+    alone may never come: the rank's handler may not run within the 1 s grace before SIGKILL."""
+    return bool(list(pid_dir.glob("*.term"))) or not all(alive(p) for p in pids)
+
+
 @pytest.mark.parametrize("twice", [False, pytest.param(True, marks=pytest.mark.slow)],  # slow: make test < 12 min
                          ids=["once", "again_while_stopping"])
 def test_an_interrupt_stops_every_rank_and_what_it_started(tmp_path, twice):
@@ -176,10 +183,10 @@ def test_an_interrupt_stops_every_rank_and_what_it_started(tmp_path, twice):
             assert len(pids) == 4 and all(alive(p) for p in pids), (pids, proc.poll())
             proc.send_signal(signal.SIGINT)
             if twice:
-                deadline = time.monotonic() + 10
-                while not list(pid_dir.glob("*.term")) and time.monotonic() < deadline:
+                deadline = time.monotonic() + 30
+                while not _stopping_began(pid_dir, pids) and time.monotonic() < deadline:
                     time.sleep(0.01)
-                assert list(pid_dir.glob("*.term")), "the launcher did not start stopping the ranks"
+                assert _stopping_began(pid_dir, pids), "the launcher did not start stopping the ranks"
                 proc.send_signal(signal.SIGINT)
             _expect_keyboard_interrupt_exit(proc, err, "ranks 0-1")
             assert_all_gone(pids)
