@@ -161,7 +161,7 @@ def activation_bytes(shape: TransformerShape, layout: Layout) -> float:
 def tp_seconds(shape: TransformerShape, layout: Layout, hw: Hardware) -> float:
     """Megatron TP: two all-reduces of the activations per layer forward (after attention and after the
     MLP), two backward, two more when the forward is recomputed. Sequence parallelism swaps each for a
-    reduce-scatter and an all-gather: the same bytes (Korthikanti et al. 2022), twice the latency steps."""
+    reduce-scatter and an all-gather: the same bytes and ring steps (Korthikanti et al. 2022)."""
     t = layout.tp
     per_layer = 6 if layout.recompute else 4
     count = per_layer * shape.layers / layout.pp * layout.micro_batches
