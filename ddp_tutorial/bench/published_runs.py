@@ -43,11 +43,16 @@ def row(run: PublishedRun) -> dict:
 def run(args: argparse.Namespace) -> Result:
     rows = [row(r) for r in RUNS]
     hits = sum(1 for r in rows if abs(r["predicted/published"] - 1) <= WITHIN)
+    used = {r.hardware.name: r.hardware for r in RUNS}.values()
+    assumed = [f"{hw.name}: peak {hw.peak_flops / 1e12:g}, achievable {hw.achievable_flops / 1e12:g} TFLOP/s; "
+               f"NVLink {hw.nvlink_bytes_per_s / 1e9:g}, network {hw.network_bytes_per_s / 1e9:g} GB/s per GPU "
+               f"one way; alpha {hw.latency_s * 1e6:g} us (sources: performance.hardware)" for hw in used]
     return Result(
         name="published: the step-time model against published training runs (no fitting)",
         columns=["source", "model", "GPUs", "hardware", "layout", "sequence", "published TFLOPs", "published MFU",
                  "predicted TFLOPs", "predicted MFU", "predicted/published", "left out"],
         rows=rows,
         notes=["TFLOPs per GPU; MFU against the dense bf16 peak; Megatron-LM's figures count recomputation",
+               *assumed,
                f"{hits} of {len(rows)} published runs predicted within {WITHIN:.0%}"],
     )

@@ -4,7 +4,9 @@ Two sources, transcribed as printed:
 
 - ``LLAMA3``: Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 4 (Llama 3 405B on H100s:
   GPUs, TP, CP, PP, DP, sequence length, batch size per DP, TFLOPs/GPU, BF16 MFU). Section 3.3.2 adds:
-  FP32 gradient reduce-scatter, no activation checkpointing at 8K. Its TFLOPs are rounded to tens.
+  FP32 gradient reduce-scatter, no activation checkpointing at 8K (at 131K it is not stated: none
+  assumed), context parallelism by all-gathering K and V (modelled as a ring: the same bytes). Its TFLOPs
+  are rounded to tens.
 - ``MEGATRON``: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
   Using Megatron-LM", Table 1 (GPT models, vocabulary 51,200, sequence 2,048, A100s: heads, hidden,
   layers, TP, PP, GPUs, batch size, achieved TFLOP/s per GPU, percentage of the 312 TFLOP/s peak). Its
