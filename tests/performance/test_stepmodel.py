@@ -140,3 +140,18 @@ def test_every_hardware_figure_has_a_source():
         assert set(hw.sources) == {"peak_flops", "achievable_flops", "hbm_bytes_per_s", "nvlink_bytes_per_s",
                                    "network_bytes_per_s", "latency_s"}
         assert hw.achievable_flops / hw.peak_flops > 0.7  # MAMF tables: 77-87% of the dense peak
+
+
+def test_ring_attention_passes_k_and_v_round_the_ring_by_hand():
+    layout = Layout(cp=4)
+    # K and V shards: 2 x (2048 / 4 tokens) x 1024 x 2 bytes = 2,097,152 bytes, passed 3 steps round a ring
+    # of 4; forward once, backward twice the bytes (K, V and their gradients); 4 layers; NVLink
+    expected = 4 * 3 * 3 * (H100.latency_s + 2_097_152 / 450e9)
+    step = predict(SHAPE, layout, H100)
+    assert step.comm["cp"] == pytest.approx(expected)
+    # hidden behind attention's compute while it is shorter, the excess exposed
+    attention = training_flops(SHAPE, SHAPE.seq).attention / 4 / H100.achievable_flops
+    assert step.exposed["cp"] == pytest.approx(max(0.0, expected - attention))
+    # grouped-query attention: 4 KV heads of 16 send a quarter
+    gqa = replace(SHAPE, kv_heads=4)
+    assert predict(gqa, layout, NO_ALPHA).comm["cp"] == pytest.approx(predict(SHAPE, layout, NO_ALPHA).comm["cp"] / 4)
