@@ -24,7 +24,7 @@ MODULES = {"launch": "launch", "allreduce": "allreduce", "ddp": "ddp", "ddp-opti
            "pipeline": "microbatch",
            "collectives": "collective_bw", "dp": "dp", "train": "scaling", "sharding": "footprint",
            "memory": "activation_memory", "context": "context",
-           "experts": "dispatch_cost"}
+           "experts": "dispatch_cost", "published": "published_runs"}
 SUBCOMMANDS = list(MODULES)
 
 

@@ -4,5 +4,11 @@
   term, model FLOPs (MFU) against the hardware's (HFU: recomputation, flash attention's backward),
   and ``mfu`` over every device of the job. Checked against ``torch.utils.flop_counter``;
 - ``roofline``: this machine's achievable matmul rate and memory bandwidth, the ridge point, and the
-  arithmetic intensity of a linear layer and a norm placed between them.
+  arithmetic intensity of a linear layer and a norm placed between them;
+- ``hardware``: published A100, H100, H200 and B200 figures (dense bf16 peak, achievable matmul rate,
+  HBM, NVLink and network bandwidth), each with its source;
+- ``stepmodel``: one training step of a layout (DP, ZeRO 0-3, TP with or without SP, CP, PP, EP) turned
+  into seconds: compute, each group's alpha-beta communication, what overlaps, the bubble; MFU;
+- ``published``: Llama 3 405B (Table 4) and Megatron-LM (Table 1) runs, their layouts and reported
+  TFLOPs, held against ``stepmodel`` by ``python -m ddp_tutorial.bench published``.
 """
