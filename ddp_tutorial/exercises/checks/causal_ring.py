@@ -122,7 +122,7 @@ def too_much(flops: int, shape: Shape, n: int) -> str | None:
 
 
 def causal_ring_attention_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
-    """Each shape in ``SHAPES`` (and ``LARGE`` in float32) against causal SDPA, re-placed zig-zag."""
+    """Each shape in ``attention_checks.SHAPES`` (and ``LARGE`` in float32) against causal SDPA, re-placed zig-zag."""
 
     def inputs(shape: Shape, seed: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         q, k, v = whole(shape, world_size, seed)

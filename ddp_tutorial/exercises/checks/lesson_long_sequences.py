@@ -67,7 +67,7 @@ def explain(got: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank
 
 
 def ring_attention_forward_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
-    """Each shape in ``SHAPES`` against SDPA on the whole sequence; only ring messages allowed."""
+    """Each shape in ``attention_checks.SHAPES`` (and ``LARGE`` in float32) against SDPA on the whole sequence."""
 
     def inputs(shape: Shape, seed: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         q, k, v = whole(shape, world_size, seed)
