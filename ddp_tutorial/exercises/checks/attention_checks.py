@@ -2,17 +2,22 @@
 
 The refusal of collectives (the exercises ask for the ring), the ``TorchDispatchMode`` that sees a
 tensor as long as the whole sequence (all the keys, or all the scores, held at once on one rank),
-the closeness rule against a float64 reference, and the ring's messages: K/V only to the right
-neighbour and from the left one, ``N - 1`` hops of one K and one V block.
+the closeness rule against a float64 reference, the ring's messages (K/V only to the right
+neighbour and from the left one, ``N - 1`` hops of one K and one V block), and the case loop
+(``ring_worker``): the shapes, the float32 case, the order of the checks.
 """
 
 from __future__ import annotations
 
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from collections.abc import Callable
+from typing import Any
 
-from ddp_tutorial.exercises.tracing import SENDS, Trace
+import torch
+
+from ddp_tutorial.env import rank_device
+from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
+from ddp_tutorial.exercises.tracing import COLLECTIVES, SENDS, Trace, traced
+from ddp_tutorial.exercises.watching import LargestTensor
 
 RING_ONLY = ("this exercise asks for the ring, K/V blocks passed with isend/irecv. Gathering every rank's "
              "K/V is a valid design too (torch's context_parallel does it by default, Llama 3 trained with "
@@ -20,19 +25,17 @@ RING_ONLY = ("this exercise asks for the ring, K/V blocks passed with isend/irec
 SCALE = 60.0  # the float32 cases: q scaled so that scores reach 100 and more on every rank
 
 
-class WholeSequence(TorchDispatchMode):
-    """The first tensor (4-D or more: keys, values, scores) an op makes whose last two dimensions reach ``whole``."""
+class WholeSequence(LargestTensor):
+    """``watching.LargestTensor`` picking out the first tensor (4-D or more: keys, values, scores) an op makes
+    whose last two dimensions reach ``whole``; ``seen`` is its ``(op, shape)``, or None."""
 
     def __init__(self, whole: int):
-        super().__init__()
-        self.whole, self.seen = whole, None
+        super().__init__(flag=lambda t: t.dim() >= 4 and whole in t.shape[-2:])
+        self.whole = whole
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001  (torch's protocol)
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if self.seen is None and isinstance(t, torch.Tensor) and t.dim() >= 4 and self.whole in t.shape[-2:]:
-                self.seen = (str(func).split(".")[1] if "." in str(func) else str(func), tuple(t.shape))
-        return out
+    @property
+    def seen(self) -> tuple[str, tuple[int, ...]] | None:
+        return (self.flagged.op, self.flagged.shape) if self.flagged else None
 
     def refusal(self) -> str:
         """What holding the tensor ``seen`` means, for the diagnosis."""
@@ -62,3 +65,44 @@ def messages(trace: Trace, rank: int, n: int, numel: int) -> str | None:
                 f"hops of one K and one V block ({2 * (n - 1) * numel} elements): the last block is not sent "
                 "on, and q never travels")
     return None
+
+
+# (batch, heads, positions per rank (20.1) or per chunk (20.2), head_dim): head_dim never equals the whole
+# sequence (N <= 4), so a last dimension as long as the sequence can only be keys or scores
+SHAPES = [(1, 1, 2, 3), (2, 3, 3, 4), (1, 2, 1, 5)]
+LARGE = (1, 2, 3, 8)  # the float32 case: q scaled (SCALE) so that scores reach 100 and more on every rank
+Shape = tuple[int, int, int, int]
+# (shape, seed, dtype) -> (the whole q, k, v in float64, this rank's q, k, v as the learner gets them)
+Inputs = Callable[[Shape, int, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]]
+# (the learner's output, the whole q, k, v, this rank's, the mode that watched the call, shape) -> what is wrong
+Judge = Callable[[Any, list[torch.Tensor], list[torch.Tensor], WholeSequence, Shape], "str | None"]
+
+
+def ring_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str, *, inputs: Inputs,
+                watch: Callable[[Shape], WholeSequence], judge: Judge, per_rank: str = "") -> Report:
+    """20.1's and 20.2's case loop: each shape of ``SHAPES`` in float64 and ``LARGE`` in float32; a tensor as long
+    as the whole sequence refused first, then ``judge``, the arguments unchanged, and the ring's messages.
+    ``per_rank`` says what a rank holds of each shape in the cases' labels ("two chunks of ")."""
+    with traced(rank, trace_dir, forbid=COLLECTIVES, reason=RING_ONLY) as trace:
+        fn = load_function(source, function, refuse=("ddp_tutorial.context_parallel",))
+
+        def case(shape: Shape, seed: int, dtype: torch.dtype = torch.float64) -> str | None:
+            qkv, mine = inputs(shape, seed, dtype)
+            args = [t.clone().to(rank_device()) for t in mine]
+            watcher = watch(shape)
+            with watcher:
+                got = fn(*args)
+            if world_size > 1 and watcher.seen:
+                return watcher.refusal()
+            wrong = judge(got, qkv, mine, watcher, shape)
+            if wrong:
+                return wrong
+            if not all(torch.equal(a.cpu(), m) for a, m in zip(args, mine)):
+                return "the output is right, but q, k or v was changed: leave the arguments as they are"
+            return messages(trace, rank, world_size, mine[1].numel())
+
+        cases: list[Case] = [(f"q, k, v of {per_rank}shape {shape} per rank", lambda s=shape, i=i: case(s, i))
+                             for i, shape in enumerate(SHAPES)]
+        cases.append((f"float32 q, k, v of {per_rank}shape {LARGE} per rank, scores near 100",
+                      lambda: case(LARGE, len(SHAPES), torch.float32)))
+        return run_cases(trace, cases)

@@ -16,14 +16,9 @@ from __future__ import annotations
 import torch
 
 from ddp_tutorial.context_parallel.ring_attention import shard_sequence
-from ddp_tutorial.env import rank_device
-from ddp_tutorial.exercises.checks.attention_checks import RING_ONLY, SCALE, WholeSequence, close, messages
-from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
-from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
+from ddp_tutorial.exercises.checks.attention_checks import SCALE, Shape, WholeSequence, close, ring_worker
+from ddp_tutorial.exercises.harness import Report
 
-# (batch, heads, positions per chunk c, head_dim): head_dim never equals the whole sequence 2cN
-SHAPES = [(1, 1, 2, 3), (2, 3, 3, 4), (1, 2, 1, 5)]
-LARGE = (1, 2, 3, 8)  # float32, q scaled so that scores reach 100
 PRODUCTS = ("mm", "bmm", "addmm", "baddbmm")
 
 
@@ -46,7 +41,7 @@ class Work(WholeSequence):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-def whole(shape: tuple[int, int, int, int], world_size: int, seed: int) -> list[torch.Tensor]:
+def whole(shape: Shape, world_size: int, seed: int) -> list[torch.Tensor]:
     b, h, c, d = shape
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(b, h, 2 * c * world_size, d, generator=gen, dtype=torch.float64) for _ in range(3)]
@@ -114,7 +109,7 @@ def explain(got: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank
             "offset), each pair of chunks taken as skipped, diagonal or whole, and merged with the log-sum-exp rule?")
 
 
-def too_much(flops: int, shape: tuple[int, int, int, int], n: int) -> str | None:
+def too_much(flops: int, shape: Shape, n: int) -> str | None:
     """None if ``flops`` is no more than the ``2N + 1`` chunk pairs the causal mask leaves to a rank."""
     b, h, c, d = shape
     pair = 4 * b * h * c * c * d  # q k^T and p v of one query chunk with one key chunk
@@ -127,30 +122,17 @@ def too_much(flops: int, shape: tuple[int, int, int, int], n: int) -> str | None
 
 
 def causal_ring_attention_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
-    """Each shape in ``SHAPES`` (and ``LARGE`` in float32) against causal SDPA, re-placed zig-zag."""
-    with traced(rank, trace_dir, forbid=COLLECTIVES, reason=RING_ONLY) as trace:
-        fn = load_function(source, function, refuse=("ddp_tutorial.context_parallel",))
+    """Each shape in ``attention_checks.SHAPES`` (and ``LARGE`` in float32) against causal SDPA, re-placed zig-zag."""
 
-        def case(shape: tuple[int, int, int, int], seed: int, dtype: torch.dtype = torch.float64) -> str | None:
-            q, k, v = whole(shape, world_size, seed)
-            if dtype != torch.float64:
-                q, k, v = (q * SCALE).to(dtype).double(), k.to(dtype).double(), v.to(dtype).double()
-            mine = [shard_sequence(t, rank, world_size, "zigzag").to(dtype) for t in (q, k, v)]
-            args = [t.clone().to(rank_device()) for t in mine]
-            watch = Work(2 * shape[2] * world_size)
-            with watch:
-                got = fn(*args)
-            if world_size > 1 and watch.seen:
-                return watch.refusal()
-            wrong = explain(got, q, k, v, rank, world_size) or too_much(watch.flops, shape, world_size)
-            if wrong:
-                return wrong
-            if not all(torch.equal(a.cpu(), m) for a, m in zip(args, mine)):
-                return "the output is right, but q, k or v was changed: leave the arguments as they are"
-            return messages(trace, rank, world_size, mine[1].numel())
+    def inputs(shape: Shape, seed: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        q, k, v = whole(shape, world_size, seed)
+        if dtype != torch.float64:
+            q, k, v = (q * SCALE).to(dtype).double(), k.to(dtype).double(), v.to(dtype).double()
+        return [q, k, v], [shard_sequence(t, rank, world_size, "zigzag").to(dtype) for t in (q, k, v)]
 
-        cases: list[Case] = [(f"q, k, v of two chunks of shape {shape} per rank", lambda s=shape, i=i: case(s, i))
-                             for i, shape in enumerate(SHAPES)]
-        cases.append((f"float32 q, k, v of two chunks of shape {LARGE} per rank, scores near 100",
-                      lambda: case(LARGE, len(SHAPES), torch.float32)))
-        return run_cases(trace, cases)
+    def judge(got: object, qkv: list[torch.Tensor], mine: list[torch.Tensor], watch: WholeSequence,
+              shape: Shape) -> str | None:
+        return explain(got, *qkv, rank, world_size) or too_much(watch.flops, shape, world_size)
+
+    return ring_worker(rank, world_size, source, function, trace_dir, inputs=inputs, judge=judge,
+                       watch=lambda shape: Work(2 * shape[2] * world_size), per_rank="two chunks of ")

@@ -22,10 +22,12 @@ from torch.distributed import distributed_c10d
 from torch.distributed.device_mesh import DeviceMesh
 
 from ddp_tutorial.capstone.layout import MESH_DIMS, Layout, group_ranks
+from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
 from ddp_tutorial.exercises.recording import patched
 from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
+from ddp_tutorial.exercises.watching import wrong_mesh_device
 
 # The layouts checked on each world size, (dp, tp, pp, cp) as the function takes them.
 LAYOUTS = {
@@ -49,7 +51,7 @@ def reversed_groups(rank: int, layout: Layout) -> dict[str, list[int]]:
 
 
 def wrong_mesh(mesh: object, layout: Layout) -> str | None:
-    """What is wrong with the returned mesh (None: its names, order and shape are right)."""
+    """What is wrong with the returned mesh (None: its names, order, shape and device type are right)."""
     if not isinstance(mesh, DeviceMesh):
         return f"the first item returned is {type(mesh).__name__}, not the DeviceMesh"
     names = mesh.mesh_dim_names
@@ -63,7 +65,7 @@ def wrong_mesh(mesh: object, layout: Layout) -> str | None:
     if tuple(mesh.shape) != layout.shape:
         return (f"the mesh's shape is {tuple(mesh.shape)}, expected {layout.shape}: the sizes of pp, dp, cp, tp "
                 "in that order")
-    return None
+    return wrong_mesh_device(mesh, rank_device().type)  # "cpu" written in: right on a laptop, wrong on GPUs
 
 
 def wrong_groups(groups: object, rank: int, layout: Layout, *, mesh: DeviceMesh) -> str | None:

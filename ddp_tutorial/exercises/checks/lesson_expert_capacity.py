@@ -5,7 +5,8 @@ Rank ``s``'s token ``t`` is labelled ``s * 1000 + t``, and the checker's ``compu
 reference is a dense loop over the tokens in one process (``expected``), no collective: a
 count per expert, a choice kept while its count is within ``C``. The checker records every
 ``all_to_all_single`` with its split sizes (any other collective is refused) and the rows each
-``compute`` got; ``capacity_diagnosis`` names the typical mistakes by the dropped set they give.
+``compute`` got; ``capacity_diagnosis`` names the typical mistakes by the dropped set they give,
+and ``watching.wrong_split`` the split sizes that are not the kept rows' (``routed_counts``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
 from ddp_tutorial.exercises.recording import LibraryCall, learner_calls, recording
 from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
+from ddp_tutorial.exercises.watching import routed_counts, wrong_split
 
 ALL_TO_ALL_ONLY = "the exchange is all-to-all: dist.all_to_all_single for the counts, the rows, and the results back"
 ALL_TO_ALL = {"all_to_all_single": ["torch.distributed:all_to_all_single",
@@ -63,18 +65,14 @@ def traffic(rank: int, calls: list[LibraryCall], *, send: list[int], recv: list[
                 "two are all it needs, the dispatch (the kept rows out) and the combine (their results back)")
     dispatch, combine = rows
     sent, got = parts(dispatch, "input", n), parts(dispatch, "output", n)
-    if sent != send and n > 1 and all(s in (tokens, assignments) for s in sent) and tokens:
-        return (f"the results are right, but rank {rank}'s dispatch sent {sent} rows to ranks 0..{n - 1} where the "
-                f"routing with capacity sends {send}: every row to every rank, an all-gather in disguise (the numbers "
-                "come out equal, with n times the traffic); send each kept row to its expert's rank only")
-    if sent != send:
-        more = any(s > w for s, w in zip(sent, send))
-        return (f"the results are right, but rank {rank}'s dispatch sent {sent} rows to ranks 0..{n - 1} where the "
-                f"routing with capacity sends {send}: " + (DROP_FIRST if more else "each kept row once, to its "
-                                                           "expert's rank"))
-    if got != recv:
-        return (f"the results are right, but rank {rank}'s dispatch received {got} rows from ranks 0..{n - 1} where the "
-                f"peers' kept rows are {recv}: output_split_sizes are the counts the peers sent")
+    every = next((e for e in ([tokens] * n, [assignments] * n) if sent == e), None) if n > 1 else None
+    more = any(s > w for s, w in zip(sent, send))
+    wrong = (wrong_split(rank, sent, send, every=every, sent=True, who="dispatch", routing="the routing with capacity",
+                         advice=DROP_FIRST if more else "each kept row once, to its expert's rank")
+             or wrong_split(rank, got, recv, who="dispatch", routing="the routing with capacity",
+                            advice="output_split_sizes are the counts the peers sent"))
+    if wrong:
+        return f"the results are right, but {wrong}"
     if parts(combine, "input", n) != recv or parts(combine, "output", n) != send:
         return (f"the results are right, but rank {rank}'s combine sent {parts(combine, 'input', n)} and received "
                 f"{parts(combine, 'output', n)} rows, where the results of the kept rows are {recv} out and {send} "
@@ -142,8 +140,8 @@ def capacity_dispatch_worker(rank: int, world_size: int, source: str, function: 
             problem = problem or received(rank, seen, routed_here, dropped=dropped, per_rank=per_rank)
             if problem:
                 return problem
-            send = [sum(int(mine[t, j]) // per_rank == d for t, j in kept[rank]) for d in range(n)]
-            recv = [sum(s == src for s, _, _ in routed_here) for src in range(n)]
+            counts = routed_counts([[int(c[t, j]) // per_rank for t, j in kept[s]] for s, c in enumerate(everyone)], n)
+            send, recv = counts[rank], [counts[s][rank] for s in range(n)]
             mine_calls = learner_calls(calls, "all_to_all_single")[start:]
             return traffic(rank, mine_calls, send=send, recv=recv, tokens=len(x), assignments=mine.numel())
 

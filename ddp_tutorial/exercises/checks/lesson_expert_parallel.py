@@ -4,7 +4,8 @@ Each row of rank ``s`` is labelled ``s * 1000 + i`` (its row ``i``), so a value 
 token it is; the checker's ``compute`` on rank ``d`` adds ``100000 * (d + 1)``, so a result
 also says where it was computed. The reference is built without any collective: row ``i``
 must come back as ``x[i] + 100000 * (destination[i] + 1)``. The checker records every
-``all_to_all_single`` (any other collective is refused) and the rows each ``compute`` got.
+``all_to_all_single`` (any other collective is refused) and the rows each ``compute`` got,
+compared with what the routing sends that rank (``watching.wrong_split``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, anyone_failed, load_function, run_cases
 from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
+from ddp_tutorial.exercises.watching import routed_counts, wrong_split
 
 STAMP = 100000.0  # compute on rank d adds STAMP * (d + 1): exact in float32 for these sizes
 ALL_TO_ALL_ONLY = ("the exchange is all-to-all: dist.all_to_all_single for the counts, the rows, "
@@ -73,16 +75,6 @@ def misplaced(rank: int, i: int, destination: int, got: torch.Tensor) -> str:
             "(send back with the split sizes swapped, then undo the sort)")
 
 
-def too_many_rows(rank: int, got: int, want: int, *, total: int) -> str:
-    """The rows a rank's ``compute`` got are not what the routing sends it."""
-    if got == total and want != total:
-        return (f"the results are right, but rank {rank}'s compute got {got} rows where the routing sends it {want}: "
-                "every rank's rows went to every rank, an all-gather in disguise (the numbers come out equal, with "
-                "n times the traffic and n times the compute); send each row only to its destination")
-    return (f"the results are right, but rank {rank}'s compute got {got} rows where the routing sends it {want}: "
-            "send each row only to its destination, once")
-
-
 def gradients(rank: int, x: torch.Tensor, scale: torch.Tensor, *, incoming: list[tuple[torch.Tensor, torch.Tensor]],
               destination: torch.Tensor) -> str | None:
     """``x.grad`` must be each row's loss weight; ``scale.grad``, on the rank that computed, the sum of
@@ -136,9 +128,10 @@ def dispatch_combine_worker(rank: int, world_size: int, source: str, function: s
             for i in range(len(x)):
                 if not torch.equal(values[i], want[i]):
                     return misplaced(rank, i, int(destination[i]), values[i])
-            total = sum(len(d) for d in everyone)
-            if seen[0] != sum(len(rows_in) for rows_in, _ in incoming):
-                return too_many_rows(rank, seen[0], sum(len(rows_in) for rows_in, _ in incoming), total=total)
+            routed = sum(counts[rank] for counts in routed_counts(everyone, world_size))
+            wrong = wrong_split(rank, [seen[0]], [routed], every=[sum(len(d) for d in everyone)], who="compute")
+            if wrong:
+                return f"the results are right, but {wrong}"
             forward = len([c for c in trace.calls if c.kind == "all_to_all_single"])
             if world_size > 1 and forward != 3:
                 return (f"the rows are right, but it made {forward} all_to_all_single calls: three are all it "

@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from ddp_tutorial.env import rank_device
-from ddp_tutorial.exercises.checks.attention_checks import RING_ONLY, SCALE, WholeSequence, close, messages
+from ddp_tutorial.exercises.checks.attention_checks import SCALE, Shape, WholeSequence, close, ring_worker
 from ddp_tutorial.exercises.checks.causal_ring import causal_ring_attention_worker
 from ddp_tutorial.exercises.exercise import Exercise
-from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
-from ddp_tutorial.exercises.tracing import COLLECTIVES, traced
-
-# (batch, heads, positions per rank, head_dim): head_dim never equals the whole sequence (N <= 4), so a
-# last dimension as long as the sequence can only be keys or scores
-SHAPES = [(1, 1, 2, 3), (2, 3, 3, 4), (1, 2, 1, 5)]
-LARGE = (1, 2, 3, 8)  # the float32 case: q scaled (SCALE) so that scores reach 100 and more on every rank
+from ddp_tutorial.exercises.harness import Report
 
 
-def whole(shape: tuple[int, int, int, int], world_size: int, seed: int) -> list[torch.Tensor]:
+def whole(shape: Shape, world_size: int, seed: int) -> list[torch.Tensor]:
     b, h, s, d = shape
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(b, h, s * world_size, d, generator=gen, dtype=torch.float64) for _ in range(3)]
@@ -74,33 +67,20 @@ def explain(got: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank
 
 
 def ring_attention_forward_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
-    """Each shape in ``SHAPES`` against SDPA on the whole sequence; only ring messages allowed."""
-    with traced(rank, trace_dir, forbid=COLLECTIVES, reason=RING_ONLY) as trace:
-        fn = load_function(source, function, refuse=("ddp_tutorial.context_parallel",))
+    """Each shape in ``attention_checks.SHAPES`` (and ``LARGE`` in float32) against SDPA on the whole sequence."""
 
-        def case(shape: tuple[int, int, int, int], seed: int, dtype: torch.dtype = torch.float64) -> str | None:
-            q, k, v = whole(shape, world_size, seed)
-            if dtype != torch.float64:
-                q, k, v = (q * SCALE).to(dtype), k.to(dtype), v.to(dtype)
-            mine = [t.chunk(world_size, dim=2)[rank] for t in (q, k, v)]
-            args = [t.clone().to(rank_device()) for t in mine]
-            watch = WholeSequence(shape[2] * world_size)
-            with watch:
-                got = fn(*args)
-            if world_size > 1 and watch.seen:
-                return watch.refusal()
-            wrong = explain(got, mine[0], k, v, rank, world_size)
-            if wrong:
-                return wrong
-            if not all(torch.equal(a.cpu(), m) for a, m in zip(args, mine)):
-                return "the output is right, but q, k or v was changed: leave the arguments as they are"
-            return messages(trace, rank, world_size, mine[1].numel())
+    def inputs(shape: Shape, seed: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        q, k, v = whole(shape, world_size, seed)
+        if dtype != torch.float64:
+            q, k, v = (q * SCALE).to(dtype), k.to(dtype), v.to(dtype)
+        return [q, k, v], [t.chunk(world_size, dim=2)[rank] for t in (q, k, v)]
 
-        cases: list[Case] = [(f"q, k, v of shape {shape} per rank", lambda s=shape, i=i: case(s, i))
-                             for i, shape in enumerate(SHAPES)]
-        cases.append((f"float32 q, k, v of shape {LARGE} per rank, scores near 100",
-                      lambda: case(LARGE, len(SHAPES), torch.float32)))
-        return run_cases(trace, cases)
+    def judge(got: object, qkv: list[torch.Tensor], mine: list[torch.Tensor], watch: WholeSequence,
+              shape: Shape) -> str | None:
+        return explain(got, mine[0], qkv[1], qkv[2], rank, world_size)
+
+    return ring_worker(rank, world_size, source, function, trace_dir, inputs=inputs, judge=judge,
+                       watch=lambda shape: WholeSequence(shape[2] * world_size))
 
 
 EXERCISES = [

@@ -7,7 +7,7 @@ checker compares this rank's ``shard.grad`` with the reference gradient's padded
 (which names a sum for a mean, a missing reduce-scatter, a wrong slice or shape) and ``x.grad``
 with the reference's. The collectives are recorded by phase: one all-gather per layer in
 forward, one all-gather and one reduce-scatter per layer in backward, no all-reduce. What
-forward leaves alive is measured before backward runs (``KeptStorages``: every storage an op
+forward leaves alive is measured before backward runs (``watching.keeping``: every storage an op
 creates in forward, by weak reference, and what autograd saves): a full weight still alive then
 (saved with ``ctx.save_for_backward``, an attribute of ``ctx``, a copy, a module-level cache)
 fails with the bytes, whatever backward does afterwards (a second all-gather whose result is
@@ -16,20 +16,15 @@ thrown away included): ZeRO-3 is what a rank does *not* hold between forward and
 
 from __future__ import annotations
 
-import gc
-import time
-
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from ddp_tutorial.env import rank_device
 from ddp_tutorial.exercises.checks.checkpoint_loading import load_resharded_worker, prepare
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
 from ddp_tutorial.exercises.tracing import ALL_GATHERS, COLLECTIVES, REDUCE_SCATTERS, Call, original, traced
+from ddp_tutorial.exercises.watching import KeptStorages, keeping
 
 SHAPES = ((5, 4), (3, 5))  # 20 and 15 elements: padded over 3 ranks
 BATCHES = (2, 3)  # rows per rank
@@ -51,50 +46,6 @@ def piece(full: torch.Tensor, rank: int, n: int) -> torch.Tensor:
     padded = torch.zeros(s * n, dtype=full.dtype)
     padded[:full.numel()] = full.reshape(-1)
     return padded[rank * s:(rank + 1) * s]
-
-
-class KeptStorages(TorchDispatchMode):
-    """Every storage an op creates while active, by weak reference; and, with ``saved_tensors_hooks``,
-    the storages autograd saves for backward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.refs: dict[int, StorageWeakRef] = {}
-        self.saved: set[int] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001  (torch's protocol)
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and not t.is_meta:
-                # the latest storage at an address: an earlier one there was freed before it came
-                self.refs[t.untyped_storage().data_ptr()] = StorageWeakRef(t.untyped_storage())
-        return out
-
-    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.saved.add(tensor.untyped_storage().data_ptr())
-        return tensor
-
-    def alive(self, besides: list[torch.Tensor], *, at_least: int) -> list[tuple[int, bool]]:
-        """``(bytes, saved by autograd)`` of each storage of ``at_least`` bytes still alive and not under
-        ``besides``. A gloo collective's work object lets go of its tensors a moment after it returns
-        (in gloo's own thread): what is still alive after a second is kept."""
-        for _ in range(100):
-            gc.collect()  # what only a reference cycle keeps is not kept for backward
-            found = [(size, saved) for size, saved in self.storages(besides) if size >= at_least]
-            if not found:
-                return []
-            time.sleep(0.01)
-        return found
-
-    def storages(self, besides: list[torch.Tensor]) -> list[tuple[int, bool]]:
-        mine = {t.untyped_storage().data_ptr() for t in besides}
-        out = []
-        for ptr, ref in self.refs.items():
-            if ptr and ptr not in mine and not ref.expired():
-                size = torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()  # now: a resize_(0) frees
-                if size:
-                    out.append((size, ptr in self.saved))
-        return out
 
 
 def kept_weight(kept: KeptStorages, besides: list[torch.Tensor], itemsize: int) -> str | None:
@@ -188,8 +139,7 @@ def zero3_linear_worker(rank: int, world_size: int, source: str, function: str, 
             x, target = (t.to(device) for t in batch(seed, rank, rows))
             x.requires_grad_()
             trace.phase = "forward"
-            kept = KeptStorages()
-            with torch.autograd.graph.saved_tensors_hooks(kept.pack, lambda t: t), kept:
+            with keeping() as kept:
                 hidden = fn(x, shards[0], SHAPES[0])
                 act = torch.tanh(hidden)
                 out = fn(act, shards[1], SHAPES[1])
