@@ -12,7 +12,8 @@ From a shell: ``python -m ddp_tutorial.exercises list | show NAME [--hint K] | c
 the top of the repository (git ignores it), seeded from ``exercises/stubs`` on first
 use (``workspace`` says where else). The modules: ``spec`` (one exercise),
 ``registry`` (all of them), ``checks/`` (one module per lesson: the cases and the
-rank-side workers), ``harness``, ``tracing`` and ``recording`` (inside the ranks), ``checker``
+rank-side workers), ``harness``, ``tracing``, ``recording`` and ``watching`` (inside the ranks: calls, groups,
+bytes kept, the largest tensor, rows routed), ``checker``
 (the parent), ``solutions/`` and ``stubgen`` (the stubs made from the solutions).
 """
 
