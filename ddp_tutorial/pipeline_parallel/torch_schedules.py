@@ -44,7 +44,7 @@ from ddp_tutorial.pipeline_parallel.one_f_one_b import (
 from ddp_tutorial.pipeline_parallel.orders import Event, Step, peak_in_flight, simulate
 
 __all__ = ["SCHEDULES", "ZERO_BUBBLE", "V_SHAPED", "IDEAL", "runs_here", "stage_indices", "stage_delays", "torch_orders",
-           "ideal_run", "record_stage", "same_dtype_handshake", "schedule_worker"]
+           "ideal_run", "record_stage", "same_dtype_handshake", "schedule_worker", "schedule_runs"]
 
 # name -> (torch's class, stages per rank, placement): the whole model has 2 layers per rank,
 # one stage of 2 layers per rank, or 2 stages of one layer each.
@@ -210,6 +210,12 @@ def schedule_worker(rank: int, world_size: int, schedule: str = "1F1B", num_micr
         grads.update(global_grads(module, first_layer))
     return {"rank": rank, "stages": mine, "events": recorder.events, "peak": peak_in_flight(recorder.events),
             "loss": torch.stack(losses).mean().item() if has_last else None, "grads": grads}
+
+
+def schedule_runs(rank: int, world_size: int, schedules: list[str], num_micro: int = 4, micro_rows: int = 2,
+                  seed: int = 0, delays: dict[str, float] | None = None) -> dict[str, dict]:
+    """``schedule_worker`` for each of ``schedules`` in turn on the same ranks, by name: one launch, not one each."""
+    return {name: schedule_worker(rank, world_size, name, num_micro, micro_rows, seed, delays) for name in schedules}
 
 
 def main() -> None:
