@@ -31,8 +31,20 @@ SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # all-reduce bytes for the alpha-b
 MICRO = 4  # pipeline microbatches
 
 
+def rows_per_step(text: str) -> int:
+    """An argparse ``type``: a batch that 2 ranks and ``MICRO`` microbatches split evenly."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 2 * MICRO or value % (2 * MICRO):
+        raise argparse.ArgumentTypeError(f"must be a positive multiple of {2 * MICRO} (2 ranks x {MICRO} "
+                                         f"microbatches), got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch", type=int, default=256, help="rows per step, all ranks together")
+    parser.add_argument("--batch", type=rows_per_step, default=256, help="rows per step, all ranks together")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per layout (the median counts)")
 
 
@@ -169,6 +181,8 @@ def run(args: argparse.Namespace) -> Result:
         notes=[f"inputs measured in this run: matmul {got['rate'] / 1e9:.3g} GFLOP/s (1 thread), copy "
                f"{got['copy'] / 1e9:.3g} GB/s, all-reduce alpha {alpha * 1e6:.3g} us, algbw {algbw / 1e9:.3g} GB/s",
                "GFLOPs and comm MB: the busiest rank's per step (performance.this_machine.layout_plan)",
+               "left out: kernels other than matmuls (ReLU, the loss, gradient accumulation), per-call overheads "
+               "(DDP and FSDP2 hooks, DTensor dispatch), small matmuls slower than the best square one, other load",
                f"fastest first, predicted: {' < '.join(by_predicted)}; measured: {' < '.join(by_measured)}",
                f"predicted/measured from {min(ratios):.2f} to {max(ratios):.2f} over {len(rows)} layouts "
                f"on 2 ranks"],

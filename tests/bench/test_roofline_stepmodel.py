@@ -69,3 +69,11 @@ def test_an_unwritable_json_path_is_one_line_and_exit_2(tmp_path, command):
     assert done.returncode == 2 and done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
     assert "--json" in line and "cannot write it" in line and "Traceback" not in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_the_layouts_cannot_split_is_refused_before_any_rank_starts():
+    done = bench("stepmodel", "--batch", "12", timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert "--batch" in line and "multiple of 8" in line and "got 12" in line
