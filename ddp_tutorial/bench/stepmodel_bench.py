@@ -29,6 +29,9 @@ from ddp_tutorial.performance.this_machine import LAYOUTS, cpu_hardware, layout_
 HELP = "predicted vs measured step time of DDP, FSDP2, TP and a 2-stage pipeline on 2 gloo ranks"
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # all-reduce bytes for the alpha-beta fit
 MICRO = 4  # pipeline microbatches
+IGNORED = ("wait_tensor", "_wrap_tensor_autograd")  # dispatcher ops that move nothing
+KINDS = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather", "all_gather_into_tensor": "all_gather",
+         "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter", "recv_": "send"}
 
 
 def rows_per_step(text: str) -> int:
@@ -131,6 +134,33 @@ def pipeline_step(model: DeepMLP, x: torch.Tensor, rank: int):
             w.wait()
 
     return step
+
+
+def recorded_traffic(rank: int, world_size: int, batch: int) -> dict[str, list[tuple[str, int]]]:
+    """Worker: for each layout, (collective, bytes of its full buffer) of what one step hands to torch's
+    dispatcher, on this rank; ``this_machine.layout_plan``'s formulas are held against it (a received
+    message counts as ``send``: the plan counts what crosses the rank's link either way)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[tuple[str, int]] = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if func.namespace in ("_c10d_functional", "c10d") and name not in IGNORED:
+                flat = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a])]
+                seen.append((KINDS.get(name, name), max(t.nbytes for t in flat if isinstance(t, torch.Tensor))))
+            return func(*args, **(kwargs or {}))
+
+    out = {}
+    for layout in LAYOUTS:
+        step = make_step(layout, rank, world_size, batch)
+        step()  # warm-up outside the recorder
+        seen.clear()
+        with Recorder():
+            step()
+        out[layout] = list(seen)
+    return out
 
 
 def measure(rank: int, world_size: int, batch: int, steps: int) -> dict:

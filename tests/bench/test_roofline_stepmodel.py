@@ -77,3 +77,27 @@ def test_a_batch_the_layouts_cannot_split_is_refused_before_any_rank_starts():
     assert done.returncode == 2 and done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
     assert "--batch" in line and "multiple of 8" in line and "got 12" in line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_plans_bytes_are_what_each_layouts_step_hands_to_gloo():
+    from ddp_tutorial.bench.stepmodel_bench import recorded_traffic
+    from ddp_tutorial.launch import spawn
+    from ddp_tutorial.models import DeepMLP
+    from ddp_tutorial.performance.this_machine import layout_plan
+
+    batch = 16
+    sizes = [(m.in_features, m.out_features) for m in DeepMLP().net if hasattr(m, "in_features")]
+    recorded = spawn(recorded_traffic, 2, args=(batch,), backend="gloo", threads=1, timeout=150, quiet=True)
+    for layout in LAYOUTS:
+        planned = layout_plan(layout, sizes, batch, micro_batches=4).comms
+        for rank, seen in enumerate(recorded):
+            kinds = {k for k, _, _, _ in planned}
+            for kind in kinds:  # the same total per collective: bucketing and per-layer units split it
+                assert sum(b for k, b in seen[layout] if k == kind) == \
+                    sum(b for k, b, _, _ in planned if k == kind), (layout, rank, kind)
+            if layout in ("TP", "PP"):  # one message per planned one, the same sizes
+                assert sorted(b for _, b in seen[layout]) == sorted(b for _, b, _, _ in planned), (layout, rank)
+            left_out = sum(b for k, b in seen[layout] if k not in kinds)  # DDP's bookkeeping broadcasts
+            assert left_out <= 1e-4 * sum(b for _, b, _, _ in planned), (layout, rank)
