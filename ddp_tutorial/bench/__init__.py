@@ -24,7 +24,8 @@ MODULES = {"launch": "launch", "allreduce": "allreduce", "ddp": "ddp", "ddp-opti
            "pipeline": "microbatch",
            "collectives": "collective_bw", "dp": "dp", "train": "scaling", "sharding": "footprint",
            "memory": "activation_memory", "context": "context",
-           "experts": "dispatch_cost", "published": "published_runs"}
+           "experts": "dispatch_cost", "published": "published_runs", "roofline": "roofline_bench",
+           "stepmodel": "stepmodel_bench"}
 SUBCOMMANDS = list(MODULES)
 
 

@@ -11,4 +11,7 @@
   into seconds: compute, each group's alpha-beta communication, what overlaps, the bubble; MFU;
 - ``published``: Llama 3 405B (Table 4) and Megatron-LM (Table 1) runs, their layouts and reported
   TFLOPs, held against ``stepmodel`` by ``python -m ddp_tutorial.bench published``.
+- ``this_machine``: this CPU and gloo as a ``Hardware`` (achievable matmul rate, copy bandwidth, gloo's fitted
+  alpha-beta), and the FLOPs and bytes of a ``DeepMLP`` step under DDP, FSDP2, TP and a 2-stage pipeline,
+  predicted with ``stepmodel``'s rules and measured by ``python -m ddp_tutorial.bench stepmodel``.
 """
