@@ -26,7 +26,7 @@ keeps those that fit, cheapest first in that order: fewest pipeline stages (a bu
 least recomputation (compute spent again), fewest context ranks, fewest tensor ranks (both
 communicate inside each layer), the least sharding. Bytes only: temporary buffers and
 fragmentation are not counted, hence the ``headroom`` kept free; time is not modelled here:
-``timing_plan`` ranks the same layouts by the step-time model's predicted time, under a global batch.
+``performance.timing_plan`` (lesson "How fast, and why") ranks the same layouts by predicted step time.
 
     python -m ddp_tutorial.capstone.rank_memory --plan llama3-8b --gpus 64
 """

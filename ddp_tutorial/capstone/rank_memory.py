@@ -20,7 +20,6 @@ depends on the GPU and may save other tensors (not measured here).
 
     python -m ddp_tutorial.capstone.rank_memory --dp 2 --tp 2        # spawns 4 ranks here
     python -m ddp_tutorial.capstone.rank_memory --plan llama3-8b --gpus 64
-    python -m ddp_tutorial.capstone.rank_memory --plan llama3-405b --gpus 16384 --by-time   # timing_plan
 """
 
 from __future__ import annotations
@@ -253,21 +252,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=64)
     parser.add_argument("--gpu-gib", type=int, default=80)
     parser.add_argument("--seq", type=int, default=None, help="sequence length for --plan (default: the model's)")
-    parser.add_argument("--by-time", action="store_true", help="with --plan: fastest first by the step-time model")
-    parser.add_argument("--batch-tokens", type=int, default=2048 * 8192, help="with --by-time: tokens a step")
-    parser.add_argument("--hardware", choices=("a100", "h100", "h200", "b200"), default="h100")
     args = parser.parse_args()
-    if args.plan and args.by_time:
-        from ddp_tutorial.capstone.timing_plan import plan_problem, timed_report
-        from ddp_tutorial.performance import hardware
-
-        seq = args.seq or PLAN_MODELS[args.plan].seq
-        problem = plan_problem(gpus=args.gpus, batch_tokens=args.batch_tokens, seq=seq)
-        if problem:
-            parser.error(problem)
-        print("\n".join(timed_report(args.plan, gpus=args.gpus, batch_tokens=args.batch_tokens, seq=seq,
-                                     hardware=getattr(hardware, args.hardware.upper()), gpu_gib=args.gpu_gib)))
-        return
     if args.plan:
         from ddp_tutorial.capstone.planning import plan_report
 
@@ -275,8 +260,6 @@ def main() -> None:
             parser.error(f"--gpus must be at least 1, got {args.gpus}")
         print("\n".join(plan_report(args.plan, gpus=args.gpus, gpu_gib=args.gpu_gib, seq=args.seq)))
         return
-    if args.by_time:
-        parser.error("--by-time ranks the layouts of --plan: name a model with --plan")
     from ddp_tutorial.capstone import rank_memory  # run as __main__, the children must import the worker by its name
     from ddp_tutorial.launch import spawn
 

@@ -1,4 +1,4 @@
-"""``ddp_tutorial.capstone.timing_plan``: the layouts that fit, ordered by the step-time model's predicted time.
+"""``ddp_tutorial.performance.timing_plan``: the capstone's layouts that fit, ordered by the step-time model's predicted time.
 
 Every check recomputes what it compares with: the prediction by calling ``stepmodel.predict`` on a
 ``Layout`` built here, the bytes by ``calculator.bytes_per_rank``, Llama 3 405B's shape and Meta's layout
@@ -15,17 +15,17 @@ import sys
 import pytest
 
 from ddp_tutorial.capstone.planning import GIB, candidates, plan_report
-from ddp_tutorial.capstone.timing_plan import (
+from ddp_tutorial.performance.flops import TransformerShape
+from ddp_tutorial.performance.hardware import H100
+from ddp_tutorial.performance.published import RUNS
+from ddp_tutorial.performance.stepmodel import Layout, predict
+from ddp_tutorial.performance.timing_plan import (
     llama3_405b_report,
     plan_problem,
     published_comparison,
     ranked_layouts,
     timed_report,
 )
-from ddp_tutorial.performance.flops import TransformerShape
-from ddp_tutorial.performance.hardware import H100
-from ddp_tutorial.performance.published import RUNS
-from ddp_tutorial.performance.stepmodel import Layout, predict
 from ddp_tutorial.sharding.calculator import ModelShape, bytes_per_rank
 
 # Llama 3 405B, Table 3 of the paper, in each module's terms
@@ -155,30 +155,34 @@ def test_bad_problems_are_named(kwargs, words):
             ranked_layouts(MEMORY_405B, hardware=H100, **kwargs)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddp_tutorial.capstone.rank_memory", *args], capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ))
+def cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ))
 
 
-def test_command_line_by_time_and_unchanged_without():
-    timed = cli("--plan", "llama3-405b", "--gpus", "16384", "--seq", "8192", "--by-time")
+def test_command_line_ranks_by_time_and_the_memory_plan_is_unchanged():
+    timed = cli("ddp_tutorial.performance.timing_plan", "--plan", "llama3-405b", "--gpus", "16384", "--seq", "8192")
     assert timed.returncode == 0, timed.stderr
     assert timed.stdout.splitlines() == llama3_405b_report()
     assert "TP8 PP16 CP1 DP128" in timed.stdout and "first choice" in timed.stdout
-    plain = cli("--plan", "llama3-8b", "--gpus", "64")
+    # the capstone's --plan prints bytes only, as before: none of the timed lines
+    plain = cli("ddp_tutorial.capstone.rank_memory", "--plan", "llama3-8b", "--gpus", "64")
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.splitlines() == plan_report("llama3-8b", gpus=64)
     assert not any(word in plain.stdout for word in ("tok/s", "MFU", "ranked", "first choice", "mostly"))
 
 
-@pytest.mark.parametrize("args, words", [
-    (("--plan", "llama3-8b", "--by-time", "--batch-tokens", "1000"), "choose a multiple of 4096"),
-    (("--plan", "llama3-8b", "--by-time", "--gpus", "0"), "must be positive, got 0"),
-    (("--plan", "llama3-8b", "--gpus", "0"), "--gpus must be at least 1, got 0"),
-    (("--by-time",), "name a model with --plan"),
+TIMED, MEMORY = "ddp_tutorial.performance.timing_plan", "ddp_tutorial.capstone.rank_memory"
+
+
+@pytest.mark.parametrize("module, args, words", [
+    (TIMED, ("--plan", "llama3-8b", "--batch-tokens", "1000"), "choose a multiple of 4096"),
+    (TIMED, ("--plan", "llama3-8b", "--gpus", "0"), "must be positive, got 0"),
+    (TIMED, ("--plan", "gpt-5"), "invalid choice: 'gpt-5'"),
+    (MEMORY, ("--plan", "llama3-8b", "--gpus", "0"), "--gpus must be at least 1, got 0"),
 ])
-def test_command_line_bad_input_is_one_line_and_exit_2(args, words):
-    out = cli(*args)
+def test_command_line_bad_input_is_one_line_and_exit_2(module, args, words):
+    out = cli(module, *args)
     assert out.returncode == 2 and out.stdout == ""
     assert "Traceback" not in out.stderr
     assert words in out.stderr.splitlines()[-1]

@@ -1,9 +1,10 @@
-"""The planner ranks by time: the layouts that fit, fastest first by the step-time model (``22_capstone``, issue 39).
+"""The planner ranks by time: the layouts that fit, fastest first by the step-time model ("How fast, and why").
 
-``planning.fitting_layouts`` keeps the layouts whose busiest rank fits the GPU's memory; this module
-maps each to the step-time model's ``Layout`` (``performance.stepmodel``) under a global batch and
-orders them by predicted step time, so by tokens per second (every layout trains the same batch).
-Each row shows its predicted MFU and the term its step spends most on.
+The capstone's ``planning.fitting_layouts`` keeps the layouts whose busiest rank fits the GPU's
+memory; this module maps each to the step-time model's ``Layout`` (``stepmodel``) under a global
+batch and orders them by predicted step time, so by tokens per second (every layout trains the same
+batch). Each row shows its predicted MFU and the term its step spends most on. For Llama 3 405B on
+16,384 H100s it puts Meta's published layout (``published``) in the ranking and says why they differ.
 
 The global batch binds the data-parallel degree to the pipeline: ``dp × m × b = sequences`` (``m``
 microbatches of ``b`` sequences per pipeline, context ranks sharing a sequence), so a larger ``dp``
@@ -14,22 +15,24 @@ forward); "keep-matmuls" keeps every matmul's output and recomputes only pointwi
 FLOPs (matmuls and attention) do not count, so it is priced as free. Sequence parallelism with every
 ``tp > 1`` (the calculator assumes it), bf16 gradients (``bf16-mixed``), one pipeline stage per rank.
 
-    python -m ddp_tutorial.capstone.rank_memory --plan llama3-405b --gpus 16384 --seq 8192 --by-time
+    python -m ddp_tutorial.performance.timing_plan --plan llama3-405b --gpus 16384 --seq 8192
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from ddp_tutorial.capstone.planning import GIB, PLAN_MODELS, PlannedLayout, fitting_layouts
 from ddp_tutorial.performance.flops import TransformerShape
-from ddp_tutorial.performance.hardware import GPUS_PER_NODE, H100, Hardware
+from ddp_tutorial.performance.hardware import A100, B200, GPUS_PER_NODE, H100, H200, Hardware
 from ddp_tutorial.performance.published import RUNS, PublishedRun
 from ddp_tutorial.performance.stepmodel import Layout, StepTime, predict
 from ddp_tutorial.sharding.calculator import ModelShape
 
 __all__ = ["LLAMA3_BATCH_TOKENS", "TimedLayout", "plan_problem", "flops_shape", "step_layout", "terms",
-           "dominant_term", "ranked_layouts", "distinct", "left_out", "published_comparison", "timed_report", "llama3_405b_report"]
+           "dominant_term", "ranked_layouts", "distinct", "left_out", "published_comparison", "timed_report", "llama3_405b_report",
+           "main"]
 
 LLAMA3_BATCH_TOKENS = 2048 * 8192  # Table 4: 16 sequences per DP x 128 DP x 8K tokens = "16M tokens per batch"
 
@@ -165,7 +168,7 @@ def published_comparison(ranked: list[TimedLayout], run: PublishedRun) -> list[s
 
 def timed_report(name: str, *, gpus: int, batch_tokens: int, hardware: Hardware = H100, gpu_gib: int = 80,
                  seq: int | None = None, top: int = 5) -> list[str]:
-    """Lines for ``--plan NAME --by-time``: the fastest layouts, and a published run of the same problem beside them."""
+    """Lines for ``--plan NAME``: the fastest layouts, and a published run of the same problem beside them."""
     shape = PLAN_MODELS[name]
     seq = seq or shape.seq
     ranked = ranked_layouts(shape, gpus=gpus, hardware=hardware, batch_tokens=batch_tokens, seq=seq, gpu_gib=gpu_gib)
@@ -184,3 +187,26 @@ def llama3_405b_report(top: int = 5) -> list[str]:
     return timed_report("llama3-405b", gpus=16384, batch_tokens=LLAMA3_BATCH_TOKENS, hardware=H100,
                         seq=8192, top=top)
 
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", choices=sorted(PLAN_MODELS), default="llama3-405b", help="the model to plan")
+    parser.add_argument("--gpus", type=int, default=16384)
+    parser.add_argument("--gpu-gib", type=int, default=80)
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+    parser.add_argument("--batch-tokens", type=int, default=LLAMA3_BATCH_TOKENS, help="tokens a step (global batch)")
+    parser.add_argument("--hardware", choices=("a100", "h100", "h200", "b200"), default="h100")
+    parser.add_argument("--top", type=int, default=5, help="how many of the fastest layouts to print")
+    args = parser.parse_args()
+    seq = args.seq or PLAN_MODELS[args.plan].seq
+    problem = plan_problem(gpus=args.gpus, batch_tokens=args.batch_tokens, seq=seq)
+    if problem:
+        parser.error(problem)
+    hardware = {"a100": A100, "h100": H100, "h200": H200, "b200": B200}[args.hardware]
+    print("\n".join(timed_report(args.plan, gpus=args.gpus, batch_tokens=args.batch_tokens, seq=seq,
+                                 hardware=hardware, gpu_gib=args.gpu_gib, top=args.top)))
+
+
+if __name__ == "__main__":
+    main()
