@@ -20,10 +20,10 @@ FLOPs (matmuls and attention) do not count, so it is priced as free. Sequence pa
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from ddp_tutorial.capstone.planning import GIB, PLAN_MODELS, PlannedLayout, fitting_layouts
+from ddp_tutorial.launch.errors import UsageParser
 from ddp_tutorial.performance.flops import TransformerShape
 from ddp_tutorial.performance.hardware import A100, B200, GPUS_PER_NODE, H100, H200, Hardware
 from ddp_tutorial.performance.published import RUNS, PublishedRun
@@ -190,7 +190,7 @@ def llama3_405b_report(top: int = 5) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = UsageParser(prog="python -m ddp_tutorial.performance.timing_plan", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", choices=sorted(PLAN_MODELS), default="llama3-405b", help="the model to plan")
     parser.add_argument("--gpus", type=int, default=16384)
     parser.add_argument("--gpu-gib", type=int, default=80)

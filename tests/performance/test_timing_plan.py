@@ -186,3 +186,5 @@ def test_command_line_bad_input_is_one_line_and_exit_2(module, args, words):
     assert out.returncode == 2 and out.stdout == ""
     assert "Traceback" not in out.stderr
     assert words in out.stderr.splitlines()[-1]
+    if module == TIMED:  # its parser says one line, without the usage
+        assert len(out.stderr.splitlines()) == 1
