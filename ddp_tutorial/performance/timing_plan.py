@@ -13,7 +13,7 @@ leaves fewer microbatches and, with ``pp > 1``, a bigger bubble ``(pp - 1) / m``
 What the mapping assumes: the planner's recomputation "full" is the model's ``recompute`` (one more
 forward); "keep-matmuls" keeps every matmul's output and recomputes only pointwise ops, which the model's
 FLOPs (matmuls and attention) do not count, so it is priced as free. Sequence parallelism with every
-``tp > 1`` (the calculator assumes it), bf16 gradients (``bf16-mixed``), one pipeline stage per rank.
+``tp > 1`` (the calculator assumes it), bf16 gradients (``bf16-mixed``), no interleaving (``virtual = 1``).
 
     python -m ddp_tutorial.performance.timing_plan --plan llama3-405b --gpus 16384 --seq 8192
 """
@@ -31,8 +31,8 @@ from ddp_tutorial.performance.stepmodel import Layout, StepTime, predict
 from ddp_tutorial.sharding.calculator import ModelShape
 
 __all__ = ["LLAMA3_BATCH_TOKENS", "TimedLayout", "plan_problem", "flops_shape", "step_layout", "terms",
-           "dominant_term", "ranked_layouts", "distinct", "left_out", "published_comparison", "timed_report", "llama3_405b_report",
-           "main"]
+           "dominant_term", "ranked_layouts", "distinct", "left_out", "published_comparison", "timed_report",
+           "llama3_405b_report", "main"]
 
 LLAMA3_BATCH_TOKENS = 2048 * 8192  # Table 4: 16 sequences per DP x 128 DP x 8K tokens = "16M tokens per batch"
 
@@ -201,8 +201,8 @@ def main() -> None:
     args = parser.parse_args()
     seq = args.seq or PLAN_MODELS[args.plan].seq
     problem = plan_problem(gpus=args.gpus, batch_tokens=args.batch_tokens, seq=seq)
-    if problem:
-        parser.error(problem)
+    if problem or args.top < 1:
+        parser.error(problem or f"--top must be at least 1, got {args.top}")
     hardware = {"a100": A100, "h100": H100, "h200": H200, "b200": B200}[args.hardware]
     print("\n".join(timed_report(args.plan, gpus=args.gpus, batch_tokens=args.batch_tokens, seq=seq,
                                  hardware=hardware, gpu_gib=args.gpu_gib, top=args.top)))
