@@ -25,8 +25,8 @@ pp for what one node cannot hold) with one rule of this course's own (stages of 
 keeps those that fit, cheapest first in that order: fewest pipeline stages (a bubble each),
 least recomputation (compute spent again), fewest context ranks, fewest tensor ranks (both
 communicate inside each layer), the least sharding. Bytes only: temporary buffers and
-fragmentation are not counted, hence the ``headroom`` kept free; time is not modelled (the
-global batch that bounds ``dp`` and the step-time model are lesson "How fast, and why").
+fragmentation are not counted, hence the ``headroom`` kept free; time is not modelled here:
+``performance.timing_plan`` (lesson "How fast, and why") ranks the same layouts by predicted step time.
 
     python -m ddp_tutorial.capstone.rank_memory --plan llama3-8b --gpus 64
 """
@@ -37,10 +37,13 @@ from dataclasses import dataclass, replace
 
 from ddp_tutorial.sharding.calculator import PRESETS, ModelShape, bytes_per_rank
 
-__all__ = ["PLAN_MODELS", "RECOMPUTE", "GIB", "PlannedLayout", "candidates", "layout_table", "fitting_layouts",
+__all__ = ["LLAMA3_405B", "PLAN_MODELS", "RECOMPUTE", "GIB", "PlannedLayout", "candidates", "layout_table", "fitting_layouts",
            "plan_report"]
 
-PLAN_MODELS = {"llama3-8b": PRESETS["llama-8b"], "llama3-70b": PRESETS["llama-70b"]}
+# Llama 3 405B (Llama 3 paper, Table 3): 126 layers, 16,384 wide, FFN 53,248, 128 heads, 8 KV heads, 8K pre-training
+LLAMA3_405B = ModelShape(layers=126, hidden=16384, heads=128, vocab=128256, seq=8192, ffn=53248, kv_heads=8,
+                         gated=True, bias=False, rms_norm=True)
+PLAN_MODELS = {"llama3-8b": PRESETS["llama-8b"], "llama3-70b": PRESETS["llama-70b"], "llama3-405b": LLAMA3_405B}
 RECOMPUTE = ("none", "keep-matmuls", "full")  # in order of the compute they spend again
 GIB = 2**30
 
@@ -71,14 +74,18 @@ def _powers_of_two(limit: int) -> list[int]:
     return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
 
 
-def candidates(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8) -> list[tuple[int, int, int, int]]:
-    """Every ``(dp, tp, pp, cp)`` of ``gpus`` ranks that the rules admit (powers of two)."""
+def candidates(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8,
+               uneven_stages: bool = False) -> list[tuple[int, int, int, int]]:
+    """Every ``(dp, tp, pp, cp)`` of ``gpus`` ranks that the rules admit (powers of two). ``uneven_stages``
+    admits ``pp`` that does not divide the layers (stages of ``ceil(layers / pp)`` or fewer: Llama 3's 126
+    layers on 16 stages, one layer fewer on the first and the last, paper section 3.3.2)."""
     heads = [shape.heads, shape.kv_heads or shape.heads]
     out = []
     for tp in _powers_of_two(gpus_per_node):  # within a node
         for pp in _powers_of_two(gpus // tp):
             stage = gpus // pp
-            if any(n % tp for n in heads) or shape.layers % pp or (pp > 1 and stage % gpus_per_node):
+            whole_layers = pp <= shape.layers if uneven_stages else shape.layers % pp == 0
+            if any(n % tp for n in heads) or not whole_layers or (pp > 1 and stage % gpus_per_node):
                 continue  # whole heads per rank, whole layers per stage, whole nodes per stage
             for cp in _powers_of_two(stage // tp):
                 if gpus % (tp * pp * cp) == 0 and shape.seq % (cp * tp) == 0:
@@ -87,11 +94,11 @@ def candidates(shape: ModelShape, *, gpus: int, gpus_per_node: int = 8) -> list[
 
 
 def layout_table(shape: ModelShape, *, gpus: int, gpu_bytes: int, gpus_per_node: int = 8, micro_batch: int = 1,
-                 headroom: float = 0.1) -> list[PlannedLayout]:
+                 headroom: float = 0.1, uneven_stages: bool = False) -> list[PlannedLayout]:
     """Every admitted layout with ZeRO-1 or ZeRO-3 and each recomputation, priced (bf16 mixed precision,
     a fused attention kernel); ``fits`` when the busiest rank's total stays under ``(1 - headroom)·gpu_bytes``."""
     rows = []
-    for dp, tp, pp, cp in candidates(shape, gpus=gpus, gpus_per_node=gpus_per_node):
+    for dp, tp, pp, cp in candidates(shape, gpus=gpus, gpus_per_node=gpus_per_node, uneven_stages=uneven_stages):
         for zero in (1, 3):
             for recompute in RECOMPUTE:
                 total = bytes_per_rank(shape, micro_batch=micro_batch, dp=dp, tp=tp, pp=pp, cp=cp, zero=zero,
@@ -102,12 +109,12 @@ def layout_table(shape: ModelShape, *, gpus: int, gpu_bytes: int, gpus_per_node:
 
 
 def fitting_layouts(shape: ModelShape, *, gpus: int, gpu_bytes: int, gpus_per_node: int = 8, seq: int | None = None,
-                    micro_batch: int = 1, headroom: float = 0.1) -> list[PlannedLayout]:
+                    micro_batch: int = 1, headroom: float = 0.1, uneven_stages: bool = False) -> list[PlannedLayout]:
     """The layouts of ``layout_table`` that fit, cheapest first (``PlannedLayout.cost``); ``seq`` overrides the shape's."""
     if seq is not None:
         shape = replace(shape, seq=seq)
     table = layout_table(shape, gpus=gpus, gpu_bytes=gpu_bytes, gpus_per_node=gpus_per_node,
-                         micro_batch=micro_batch, headroom=headroom)
+                         micro_batch=micro_batch, headroom=headroom, uneven_stages=uneven_stages)
     return sorted((row for row in table if row.fits), key=PlannedLayout.cost)
 
 

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ddp_tutorial.capstone.layout import Layout, coordinates, microbatches_for
+from ddp_tutorial.capstone.planning import PLAN_MODELS
 from ddp_tutorial.capstone.reference import GPTRun
 from ddp_tutorial.sharding.calculator import ModelShape, bytes_per_rank
 
@@ -247,7 +248,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for dim in ("dp", "tp", "pp"):
         parser.add_argument(f"--{dim}", type=int, default=1)
-    parser.add_argument("--plan", default=None, help="instead: the layouts that fit this model (llama3-8b, llama3-70b)")
+    parser.add_argument("--plan", default=None, choices=sorted(PLAN_MODELS), help="instead: the layouts that fit this model")
     parser.add_argument("--gpus", type=int, default=64)
     parser.add_argument("--gpu-gib", type=int, default=80)
     parser.add_argument("--seq", type=int, default=None, help="sequence length for --plan (default: the model's)")
@@ -255,6 +256,8 @@ def main() -> None:
     if args.plan:
         from ddp_tutorial.capstone.planning import plan_report
 
+        if args.gpus < 1:
+            parser.error(f"--gpus must be at least 1, got {args.gpus}")
         print("\n".join(plan_report(args.plan, gpus=args.gpus, gpu_gib=args.gpu_gib, seq=args.seq)))
         return
     from ddp_tutorial.capstone import rank_memory  # run as __main__, the children must import the worker by its name

@@ -9,6 +9,8 @@
   HBM, NVLink and network bandwidth), each with its source;
 - ``stepmodel``: one training step of a layout (DP, ZeRO 0-3, TP with or without SP, CP, PP, EP) turned
   into seconds: compute, each group's alpha-beta communication, what overlaps, the bubble; MFU;
+- ``timing_plan``: the capstone's planner ranking the layouts that fit by predicted step time under a global
+  batch; Llama 3 405B on 16,384 H100s beside Meta's layout; ``python -m ddp_tutorial.performance.timing_plan``;
 - ``published``: Llama 3 405B (Table 4) and Megatron-LM (Table 1) runs, their layouts and reported
   TFLOPs, held against ``stepmodel`` by ``python -m ddp_tutorial.bench published``.
 - ``this_machine``: this CPU and gloo as a ``Hardware`` (achievable matmul rate, copy bandwidth, gloo's fitted
