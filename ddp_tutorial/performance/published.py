@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ddp_tutorial.performance.flops import TransformerShape
 from ddp_tutorial.performance.hardware import A100, H100, Hardware
-from ddp_tutorial.performance.stepmodel import Layout
+from ddp_tutorial.performance.stepmodel import StepLayout
 
 __all__ = ["PublishedRun", "LLAMA3", "MEGATRON", "RUNS"]
 
@@ -44,7 +44,7 @@ class PublishedRun:
     source: str
     model: str
     shape: TransformerShape
-    layout: Layout
+    layout: StepLayout
     hardware: Hardware
     tflops_per_gpu: float
     mfu: float
@@ -65,7 +65,7 @@ def llama3_405b(seq: int) -> TransformerShape:
 
 def llama3_run(gpus: int, tp: int, cp: int, pp: int, dp: int, *, seq: int, batch_per_dp: int, tflops: float,
                mfu: float) -> PublishedRun:
-    layout = Layout(dp=dp, tp=tp, cp=cp, pp=pp, zero=2, sequence_parallel=True, micro_batches=batch_per_dp,
+    layout = StepLayout(dp=dp, tp=tp, cp=cp, pp=pp, zero=2, sequence_parallel=True, micro_batches=batch_per_dp,
                     grad_bytes=4)
     assert layout.gpus == gpus, f"Table 4 row: {tp} x {cp} x {pp} x {dp} != {gpus}"
     return PublishedRun(LLAMA3, "Llama 3 405B", llama3_405b(seq), layout, H100, tflops, mfu, tflops_step=10,
@@ -77,7 +77,7 @@ def megatron_run(params_b: float, heads: int, hidden: int, layers: int, tp: int,
     dp = gpus // (tp * pp)
     assert dp * tp * pp == gpus and batch % dp == 0, f"Table 1 row {params_b}B does not divide"
     shape = TransformerShape(vocab=51200, dim=hidden, layers=layers, heads=heads, seq=2048)
-    layout = Layout(dp=dp, tp=tp, pp=pp, micro_batches=batch // dp, recompute=True)
+    layout = StepLayout(dp=dp, tp=tp, pp=pp, micro_batches=batch // dp, recompute=True)
     return PublishedRun(MEGATRON, f"GPT {params_b}B", shape, layout, A100, tflops, percent / 100,
                         counts_recompute=True, left_out=MEGATRON_LEFT_OUT)
 

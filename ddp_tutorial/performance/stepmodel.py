@@ -16,7 +16,7 @@ Every term is a calculation the reader can redo with a pencil:
     >>> from ddp_tutorial.performance.hardware import H100
     >>> shape = TransformerShape(vocab=128256, dim=4096, layers=32, heads=32, seq=8192, kv_heads=8,
     ...                          ffn_hidden=14336, gated=True)
-    >>> step = predict(shape, Layout(dp=8, micro_batches=2), H100)
+    >>> step = predict(shape, StepLayout(dp=8, micro_batches=2), H100)
     >>> round(step.compute_s / step.step_s, 2) > 0.9  # one node of data parallelism: compute-bound
     True
 """
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from ddp_tutorial.performance.flops import TransformerShape, training_flops
 from ddp_tutorial.performance.hardware import GPUS_PER_NODE, Hardware
 
-__all__ = ["Layout", "StepTime", "ring_bytes", "ring_steps", "collective_seconds", "group_link", "predict"]
+__all__ = ["StepLayout", "StepTime", "ring_bytes", "ring_steps", "collective_seconds", "group_link", "predict"]
 
 ORDER = ("tp", "cp", "pp", "dp")  # innermost first: TP on neighbouring GPUs, DP across the cluster
 
 
 @dataclass(frozen=True)
-class Layout:
+class StepLayout:
     """How a step is split: degrees of each parallelism, ``zero`` stage 0-3 over DP, ``micro_batches``
     ``m`` of ``micro_batch`` sequences per pipeline per step, ``virtual`` stages per rank (interleaved 1F1B),
     ``grad_bytes`` per gradient value on the wire (2 for bf16, 4 when reduced in fp32)."""
@@ -114,7 +114,7 @@ def ring_steps(kind: str, n: int) -> int:
     return 1 if kind == "send" else (2 if kind == "all_reduce" else 1) * (n - 1)
 
 
-def group_link(layout: Layout, group: str, hardware: Hardware) -> float:
+def group_link(layout: StepLayout, group: str, hardware: Hardware) -> float:
     """Bandwidth of ``group``'s ring: NVLink when its members share one node, else the network.
 
     Groups nest in ``ORDER``: a group's members are ``stride`` GPUs apart, ``stride`` the product
@@ -133,7 +133,7 @@ def collective_seconds(kind: str, nbytes: float, n: int, bandwidth: float, laten
     return ring_steps(kind, n) * latency + ring_bytes(kind, nbytes, n) / bandwidth
 
 
-def predict(shape: TransformerShape, layout: Layout, hardware: Hardware, *, moe_layers: int = 0) -> StepTime:
+def predict(shape: TransformerShape, layout: StepLayout, hardware: Hardware, *, moe_layers: int = 0) -> StepTime:
     """The step time of ``layout`` training ``shape`` on ``hardware`` (bf16 weights and activations)."""
     lay, hw = layout, hardware
     sequences = lay.dp * lay.micro_batches * lay.micro_batch
@@ -153,12 +153,12 @@ def predict(shape: TransformerShape, layout: Layout, hardware: Hardware, *, moe_
                     hw.peak_flops)
 
 
-def activation_bytes(shape: TransformerShape, layout: Layout) -> float:
+def activation_bytes(shape: TransformerShape, layout: StepLayout) -> float:
     """One microbatch's activation tensor at a layer boundary: ``b x s/cp x h`` bf16 values."""
     return layout.micro_batch * shape.seq / layout.cp * shape.dim * 2
 
 
-def tp_seconds(shape: TransformerShape, layout: Layout, hw: Hardware) -> float:
+def tp_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware) -> float:
     """Megatron TP: two all-reduces of the activations per layer forward (after attention and after the
     MLP), two backward, two more when the forward is recomputed. Sequence parallelism swaps each for a
     reduce-scatter and an all-gather: the same bytes and ring steps (Korthikanti et al. 2022)."""
@@ -174,7 +174,7 @@ def tp_seconds(shape: TransformerShape, layout: Layout, hw: Hardware) -> float:
     return count * one
 
 
-def cp_seconds(shape: TransformerShape, layout: Layout, hw: Hardware) -> float:
+def cp_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware) -> float:
     """Ring attention: forward, each layer passes its K and V shards ``cp - 1`` steps round the ring; the
     backward passes K, V and their gradients (twice the forward's bytes). K/V are ``s/cp x kv_dim``
     each, ``kv_dim = dim * kv_heads / heads`` (grouped-query attention sends less), split over TP by heads."""
@@ -189,7 +189,7 @@ def cp_seconds(shape: TransformerShape, layout: Layout, hw: Hardware) -> float:
     return per_layer * shape.layers / layout.pp * layout.micro_batches
 
 
-def pp_seconds(shape: TransformerShape, layout: Layout, hw: Hardware) -> float:
+def pp_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware) -> float:
     """Point-to-point: each microbatch sends its activations forward and their gradient back at every stage
     boundary a rank owns (``v`` of them with interleaving); with TP each rank sends its ``1/t`` share
     (Megatron's scatter-gather)."""
@@ -200,7 +200,7 @@ def pp_seconds(shape: TransformerShape, layout: Layout, hw: Hardware) -> float:
     return 2 * layout.virtual * layout.micro_batches * one
 
 
-def dp_seconds(shape: TransformerShape, layout: Layout, hw: Hardware) -> float:
+def dp_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware) -> float:
     """Gradients of this rank's weights (``1/(t p)`` of them) over the ``dp x cp`` ranks that hold the same
     weights: ZeRO 0 all-reduces them; ZeRO 1 and 2 reduce-scatter the gradients and all-gather the
     updated weights (the same bytes); ZeRO 3 all-gathers the weights once more, for the backward: 1.5x."""
@@ -215,7 +215,7 @@ def dp_seconds(shape: TransformerShape, layout: Layout, hw: Hardware) -> float:
             + gathers * collective_seconds("all_gather", weights, n, link, lat))
 
 
-def ep_seconds(shape: TransformerShape, layout: Layout, hw: Hardware, moe_layers: int) -> float:
+def ep_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware, moe_layers: int) -> float:
     """Expert parallelism: each MoE layer sends its tokens to their experts and back (two all-to-alls)
     forward and two backward, ``top_k`` copies of each token. EP groups are taken inside the DP group."""
     if layout.ep == 1 or moe_layers == 0:

@@ -1,7 +1,7 @@
 """The planner ranks by time: the layouts that fit, fastest first by the step-time model ("How fast, and why").
 
 The capstone's ``planning.fitting_layouts`` keeps the layouts whose busiest rank fits the GPU's
-memory; this module maps each to the step-time model's ``Layout`` (``stepmodel``) under a global
+memory; this module maps each to the step-time model's ``StepLayout`` (``stepmodel``) under a global
 batch and orders them by predicted step time, so by tokens per second (every layout trains the same
 batch). Each row shows its predicted MFU and the term its step spends most on. For Llama 3 405B on
 16,384 H100s it puts Meta's published layout (``published``) in the ranking and says why they differ.
@@ -27,7 +27,7 @@ from ddp_tutorial.launch.errors import UsageParser
 from ddp_tutorial.performance.flops import TransformerShape
 from ddp_tutorial.performance.hardware import A100, B200, GPUS_PER_NODE, H100, H200, Hardware
 from ddp_tutorial.performance.published import RUNS, PublishedRun
-from ddp_tutorial.performance.stepmodel import Layout, StepTime, predict
+from ddp_tutorial.performance.stepmodel import StepLayout, StepTime, predict
 from ddp_tutorial.sharding.calculator import ModelShape
 
 __all__ = ["LLAMA3_BATCH_TOKENS", "TimedLayout", "plan_problem", "flops_shape", "step_layout", "terms",
@@ -42,7 +42,7 @@ class TimedLayout:
     """A layout that fits (``planned``), as the step-time model runs it (``layout``), and its prediction."""
 
     planned: PlannedLayout
-    layout: Layout
+    layout: StepLayout
     step: StepTime
 
     def __str__(self) -> str:
@@ -71,14 +71,14 @@ def flops_shape(shape: ModelShape, seq: int) -> TransformerShape:
                             kv_heads=shape.kv_heads or None, ffn_hidden=shape.mlp, gated=shape.gated)
 
 
-def step_layout(row: PlannedLayout, *, sequences: int, micro_batch: int = 1) -> Layout | None:
-    """``row`` as the step model's ``Layout`` training ``sequences`` per step, or ``None`` when ``dp``
+def step_layout(row: PlannedLayout, *, sequences: int, micro_batch: int = 1) -> StepLayout | None:
+    """``row`` as the step model's ``StepLayout`` training ``sequences`` per step, or ``None`` when ``dp``
     replicas cannot split them into whole microbatches."""
     # dp x m x b = sequences: the global batch fixes the product, so a larger dp leaves fewer
     # microbatches per pipeline and a larger bubble (pp - 1) / m
     if sequences % (row.dp * micro_batch):
         return None
-    return Layout(dp=row.dp, tp=row.tp, pp=row.pp, cp=row.cp, zero=row.zero, sequence_parallel=row.tp > 1,
+    return StepLayout(dp=row.dp, tp=row.tp, pp=row.pp, cp=row.cp, zero=row.zero, sequence_parallel=row.tp > 1,
                   micro_batches=sequences // (row.dp * micro_batch), micro_batch=micro_batch,
                   recompute=row.recompute == "full")
 

@@ -12,7 +12,7 @@ from ddp_tutorial.comm.ring import ring_jobs, segment_bounds
 from ddp_tutorial.performance.flops import TransformerShape, training_flops
 from ddp_tutorial.performance.hardware import A100, B200, H100, H200, HARDWARE
 from ddp_tutorial.performance.stepmodel import (
-    Layout,
+    StepLayout,
     dp_seconds,
     group_link,
     pp_seconds,
@@ -51,7 +51,7 @@ def test_all_gather_by_hand():
 
 
 def test_tp_time_by_hand():
-    layout = Layout(tp=2, micro_batches=3)
+    layout = StepLayout(tp=2, micro_batches=3)
     # activation b x s x h bf16 = 1 x 2048 x 1024 x 2 = 4,194,304 bytes; a 2-rank all-reduce sends
     # 2 (2-1)/2 of it = 4,194,304 bytes in 2 ring steps; 4 all-reduces per layer, 4 layers, 3 microbatches
     one = 2 * H100.latency_s + 4_194_304 / 450e9
@@ -62,13 +62,13 @@ def test_tp_time_by_hand():
 
 def test_sequence_parallel_moves_the_same_bytes_as_tensor_parallel():
     # a reduce-scatter and an all-gather: (n-1)/n twice, n-1 ring steps twice, as one all-reduce
-    plain, sp = Layout(tp=4), Layout(tp=4, sequence_parallel=True)
+    plain, sp = StepLayout(tp=4), StepLayout(tp=4, sequence_parallel=True)
     assert tp_seconds(SHAPE, sp, NO_ALPHA) == pytest.approx(tp_seconds(SHAPE, plain, NO_ALPHA))
     assert tp_seconds(SHAPE, sp, H100) == pytest.approx(tp_seconds(SHAPE, plain, H100))
 
 
 def test_tp_across_the_network_is_slower_than_on_nvlink():
-    inside, across = Layout(tp=8), Layout(tp=16)
+    inside, across = StepLayout(tp=8), StepLayout(tp=16)
     assert group_link(inside, "tp", H100) == H100.nvlink_bytes_per_s
     assert group_link(across, "tp", H100) == H100.network_bytes_per_s
     # bytes per rank 2 (15/16) vs 2 (7/8) of the activation, at 50 GB/s vs 450 GB/s: (15/16)/(7/8) x 9
@@ -76,12 +76,12 @@ def test_tp_across_the_network_is_slower_than_on_nvlink():
     assert ratio == pytest.approx(15 / 16 / (7 / 8) * 9)
     assert tp_seconds(SHAPE, across, H100) > 3 * tp_seconds(SHAPE, inside, H100)  # with the latency too
     # the groups nest TP, CP, PP, DP: DP over 2 ranks after TP 4 still fits in one node of 8, after TP 8 not
-    assert group_link(Layout(tp=4, dp=2), "dp", H100) == H100.nvlink_bytes_per_s
-    assert group_link(Layout(tp=8, dp=2), "dp", H100) == H100.network_bytes_per_s
+    assert group_link(StepLayout(tp=4, dp=2), "dp", H100) == H100.nvlink_bytes_per_s
+    assert group_link(StepLayout(tp=8, dp=2), "dp", H100) == H100.network_bytes_per_s
 
 
 def test_zero3_moves_one_and_a_half_times_ddps_bytes():
-    times = {z: dp_seconds(SHAPE, Layout(dp=8, zero=z), NO_ALPHA) for z in range(4)}
+    times = {z: dp_seconds(SHAPE, StepLayout(dp=8, zero=z), NO_ALPHA) for z in range(4)}
     assert times[1] == pytest.approx(times[0]) and times[2] == pytest.approx(times[0])
     assert times[3] / times[0] == pytest.approx(1.5)
     # by hand: every weight and the embedding, bf16, 2 (8-1)/8 of them over NVLink
@@ -90,7 +90,7 @@ def test_zero3_moves_one_and_a_half_times_ddps_bytes():
 
 
 def test_compute_time_is_flops_py_counts_over_the_achievable_rate():
-    layout = Layout(dp=2, tp=2, micro_batches=4, micro_batch=2)
+    layout = StepLayout(dp=2, tp=2, micro_batches=4, micro_batch=2)
     tokens = 2 * 4 * 2 * SHAPE.seq
     step = predict(SHAPE, layout, H100)
     assert step.compute_s == pytest.approx(training_flops(SHAPE, tokens).hardware / 4 / 794.5e12)
@@ -102,24 +102,24 @@ def test_compute_time_is_flops_py_counts_over_the_achievable_rate():
 @pytest.mark.parametrize("stages,micro", [(2, 1), (2, 4), (4, 4), (4, 8), (8, 6)])
 def test_bubble_equals_the_idle_slots_of_a_simulated_1f1b(stages, micro):
     free = replace(H100, latency_s=0.0, network_bytes_per_s=float("inf"), nvlink_bytes_per_s=float("inf"))
-    step = predict(SHAPE, Layout(pp=stages, micro_batches=micro), free)
+    step = predict(SHAPE, StepLayout(pp=stages, micro_batches=micro), free)
     orders = [one_f_one_b_order(s, stages, micro) for s in range(stages)]
     assert step.bubble_s / step.step_s == pytest.approx(idle_fraction(simulate(orders)))
 
 
 def test_more_microbatches_shrink_the_bubble():
-    shares = [(s := predict(SHAPE, Layout(pp=4, micro_batches=m), H100)).bubble_s / s.step_s for m in (1, 4, 16, 64)]
+    shares = [(s := predict(SHAPE, StepLayout(pp=4, micro_batches=m), H100)).bubble_s / s.step_s for m in (1, 4, 16, 64)]
     assert shares == sorted(shares, reverse=True) and shares[-1] < shares[0] / 10
 
 
 def test_pp_sends_activations_forward_and_gradients_back():
-    layout = Layout(pp=2, micro_batches=5)
+    layout = StepLayout(pp=2, micro_batches=5)
     # 5 microbatches x (activation out + gradient in), 4,194,304 bytes each, both stages in one node
     assert pp_seconds(SHAPE, layout, H100) == pytest.approx(10 * (H100.latency_s + 4_194_304 / 450e9))
 
 
 def test_dp_traffic_hides_behind_compute_and_mfu_is_against_the_peak():
-    step = predict(SHAPE, Layout(dp=8, micro_batches=8), H100)
+    step = predict(SHAPE, StepLayout(dp=8, micro_batches=8), H100)
     assert step.comm["dp"] > 0 and step.exposed["dp"] == 0.0
     assert step.mfu == pytest.approx(step.model_flops / step.step_s / 8 / 989e12)
     assert step.mfu == pytest.approx(794.5 / 989)  # compute-bound: all the achievable share of the peak
@@ -127,9 +127,9 @@ def test_dp_traffic_hides_behind_compute_and_mfu_is_against_the_peak():
 
 def test_layout_and_hardware_refuse_bad_values():
     with pytest.raises(ValueError, match="zero must be a stage 0-3"):
-        Layout(zero=4)
+        StepLayout(zero=4)
     with pytest.raises(ValueError, match="tp must be at least 1"):
-        Layout(tp=0)
+        StepLayout(tp=0)
     with pytest.raises(ValueError, match="achievable"):
         replace(H100, achievable_flops=2 * H100.peak_flops)
 
@@ -143,7 +143,7 @@ def test_every_hardware_figure_has_a_source():
 
 
 def test_ring_attention_passes_k_and_v_round_the_ring_by_hand():
-    layout = Layout(cp=4)
+    layout = StepLayout(cp=4)
     # K and V shards: 2 x (2048 / 4 tokens) x 1024 x 2 bytes = 2,097,152 bytes, passed 3 steps round a ring
     # of 4; forward once, backward twice the bytes (K, V and their gradients); 4 layers; NVLink
     expected = 4 * 3 * 3 * (H100.latency_s + 2_097_152 / 450e9)

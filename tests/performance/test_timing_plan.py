@@ -1,7 +1,7 @@
 """``ddp_tutorial.performance.timing_plan``: the capstone's layouts that fit, ordered by the step-time model's predicted time.
 
 Every check recomputes what it compares with: the prediction by calling ``stepmodel.predict`` on a
-``Layout`` built here, the bytes by ``calculator.bytes_per_rank``, Llama 3 405B's shape and Meta's layout
+``StepLayout`` built here, the bytes by ``calculator.bytes_per_rank``, Llama 3 405B's shape and Meta's layout
 from the paper's tables (written out here), the global batch by arithmetic. The command line runs as a
 learner runs it, in a subprocess.
 """
@@ -18,7 +18,7 @@ from ddp_tutorial.capstone.planning import GIB, candidates, plan_report
 from ddp_tutorial.performance.flops import TransformerShape
 from ddp_tutorial.performance.hardware import H100
 from ddp_tutorial.performance.published import RUNS
-from ddp_tutorial.performance.stepmodel import Layout, predict
+from ddp_tutorial.performance.stepmodel import StepLayout, predict
 from ddp_tutorial.performance.timing_plan import (
     llama3_405b_report,
     plan_problem,
@@ -52,7 +52,7 @@ def test_ordered_by_the_step_model_called_directly(ranked):
     assert plan_problem(gpus=GPUS, batch_tokens=BATCH_TOKENS, seq=SEQ) is None
     times = []
     for row in ranked:
-        lay = Layout(dp=row.planned.dp, tp=row.planned.tp, pp=row.planned.pp, cp=row.planned.cp, zero=row.planned.zero,
+        lay = StepLayout(dp=row.planned.dp, tp=row.planned.tp, pp=row.planned.pp, cp=row.planned.cp, zero=row.planned.zero,
                      sequence_parallel=row.planned.tp > 1, micro_batches=BATCH_TOKENS // SEQ // row.planned.dp,
                      recompute=row.planned.recompute == "full")
         assert row.layout == lay
@@ -94,7 +94,7 @@ def test_metas_layout_is_a_candidate_and_predicted_as_predict_says(ranked):
     metas = [row for row in ranked if key(row) == META]
     assert metas
     for row in metas:
-        lay = Layout(dp=128, tp=8, pp=16, zero=row.planned.zero, sequence_parallel=True, micro_batches=16,
+        lay = StepLayout(dp=128, tp=8, pp=16, zero=row.planned.zero, sequence_parallel=True, micro_batches=16,
                      recompute=row.planned.recompute == "full")
         assert row.step == predict(FLOPS_405B, lay, H100)
 
