@@ -44,6 +44,7 @@ API_GROUPS = (
     ("context_parallel", "Context parallelism (20): ddp_tutorial.context_parallel", "ddp_tutorial.context_parallel"),
     ("expert_parallel", "Expert parallelism (21): ddp_tutorial.expert_parallel", "ddp_tutorial.expert_parallel"),
     ("capstone", "The capstone (22): ddp_tutorial.capstone", "ddp_tutorial.capstone"),
+    ("performance", "How fast, and why (23): ddp_tutorial.performance", "ddp_tutorial.performance"),
     ("pitfalls", "The debugging lab (12): ddp_tutorial.pitfalls", "ddp_tutorial.pitfalls"),
     ("bench", "Benchmarks (13): ddp_tutorial.bench", "ddp_tutorial.bench"),
     ("exercises", "Exercises: ddp_tutorial.exercises", "ddp_tutorial.exercises"),
