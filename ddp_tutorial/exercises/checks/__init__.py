@@ -3,7 +3,9 @@
 finds them all and orders them by number. A lesson's module may import an exercise's worker
 from a helper module beside it (``checkpoint_loading`` for 18.2; ``causal_ring`` for 20.2, with
 what it shares with 20.1 in ``attention_checks``; ``mesh_gradients`` for 15.2; ``launching`` for 3.1,
-whose children run the standard-library workers of ``launch_targets``), to stay one screenful per topic.
+whose children run the standard-library workers of ``launch_targets``; ``estimates`` for 23.1 and 23.2,
+``counted_step`` for 23.3), to stay one screenful per topic. Lesson 23's four exercises live in two modules,
+``lesson_how_fast`` (23.1, 23.2) and ``lesson_how_fast_scale`` (23.3, 23.4).
 
 A worker runs in every rank as ``worker(rank, world_size, source, function, trace_dir)``,
 loads the learner's function from ``source`` (``harness.load_function``) and compares
