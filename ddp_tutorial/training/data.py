@@ -48,12 +48,24 @@ class DataSpec:
 
 
 def digits(seed: int = 0, test_fraction: float = 0.2) -> DataSpec:
-    """sklearn's digits as float tensors in [0, 1], shape (1, 8, 8); the split depends only on ``seed``."""
-    from sklearn.datasets import load_digits
+    """sklearn's digits as float tensors in [0, 1], shape (1, 8, 8); the split depends only on ``seed``.
 
-    bunch = load_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(bunch.target, dtype=torch.long)
+    Read from the file scikit-learn ships, as its ``load_digits`` reads it, without importing
+    scikit-learn: that import costs every rank of every launch a second or more.
+    """
+    import gzip
+    from importlib.util import find_spec
+
+    import numpy as np
+
+    sklearn = find_spec("sklearn")  # locates the package without running it
+    if sklearn is None or not sklearn.submodule_search_locations:
+        raise DataError("the digits dataset needs scikit-learn: pip install scikit-learn")
+    path = os.path.join(list(sklearn.submodule_search_locations)[0], "datasets", "data", "digits.csv.gz")
+    with gzip.open(path, mode="rt", encoding="utf-8") as rows:
+        table = np.loadtxt(rows, delimiter=",")  # 64 pixels (0 to 16) and the label, a row per image
+    images = torch.tensor(table[:, :-1].reshape(-1, 8, 8), dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(table[:, -1].astype(int), dtype=torch.long)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     n_test = int(round(len(labels) * test_fraction))
     test, train = order[:n_test], order[n_test:]

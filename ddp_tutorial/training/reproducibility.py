@@ -57,6 +57,9 @@ def seed_everything(seed: int, deterministic: bool = False, cuda: bool | None = 
     switches = determinism_switches(deterministic, torch.cuda.is_available() if cuda is None else cuda)
     torch.backends.cudnn.benchmark = switches["cudnn.benchmark"]
     torch.backends.cudnn.deterministic = switches["cudnn.deterministic"]
-    torch.use_deterministic_algorithms(switches["deterministic_algorithms"], warn_only=switches["warn_only"])
+    if switches["deterministic_algorithms"] or torch.are_deterministic_algorithms_enabled():
+        # torch's setter also imports the compiler's settings (seconds in a new process): skip it
+        # where the switch is off and stays off
+        torch.use_deterministic_algorithms(switches["deterministic_algorithms"], warn_only=switches["warn_only"])
     if switches["CUBLAS_WORKSPACE_CONFIG"]:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", switches["CUBLAS_WORKSPACE_CONFIG"])

@@ -4,7 +4,7 @@ The recorded counts are checked against counts derived from the layout and the p
 plans (blocks per stage, FSDP2 units, TP's gathers and reduce-scatters per block, microbatches),
 FSDP2's and the pipeline's bytes sent against the one-process model's tensors and the batch's
 shape, and the bytes held against the one-process model's parameters; one 4-rank launch runs four layouts,
-``make capstone-layouts`` every layout of 8 ranks.
+``make capstone-layouts`` every layout of 8 ranks, with lesson 22's claims about its table of them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ddp_tutorial.capstone.layout import Layout, coordinates, layouts, microbatc
 from ddp_tutorial.capstone.parallelize import stage_layers
 from ddp_tutorial.capstone.rank_memory import capstone_shape
 from ddp_tutorial.capstone.reference import GPTRun, make_gpt
-from ddp_tutorial.capstone.traffic import op_kind, traffic_runs, wire_bytes
+from ddp_tutorial.capstone.traffic import layout_row, op_kind, traffic_runs, wire_bytes
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.sharding.calculator import bytes_per_rank
 
@@ -150,3 +150,12 @@ def test_every_layout_of_8_ranks_runs_the_derived_collectives():
     for i, layout in enumerate(eight):
         for rank in range(8):
             assert results[rank][i]["counts"] == expected_counts(rank, layout, GPTRun()), (str(layout), rank)
+    # Lesson 22's table shows eight of these layouts; its claims, here on all 18.
+    rows = {str(lay): layout_row(vars(lay), [results[r][i] for r in range(8)]) for i, lay in enumerate(eight)}
+    least = min(row["max bytes/rank"] for row in rows.values())
+    fewest = sorted(name for name, row in rows.items() if row["max bytes/rank"] == least)
+    assert fewest == sorted(str(lay) for lay in eight if lay.dp * lay.cp == 8)  # FSDP2 over all 8 ranks
+    assert max(rows.values(), key=lambda row: sum(row["sent/step"].values()))["layout"] == "cp8"
+    flat = [rows[str(lay)]["max activations/rank"] for lay in eight if lay.tp == lay.pp == 1]
+    assert max(flat) / min(flat) < 1.05  # 16 tokens per rank in each: dp, cp or both cut activations alike
+    assert all(rows[str(lay)]["max activations/rank"] > max(flat) for lay in eight if lay.tp > 1 and lay.pp == 1)

@@ -386,3 +386,27 @@ def test_ranks_follow_rank_0s_resume_decision(tmp_path):
     assert all("cannot see" in g and "shared file system" in g and f"rank {r}" in g for r, g in enumerate(got) if r)
     # Only rank 1's node has one: rank 0 decides to start over, and so does everyone.
     assert spawn(tw.resume_without_shared_storage, 2, args=(str(tmp_path / "b"), 1), timeout=60) == [False, False]
+
+
+def test_digits_are_sklearns_load_digits():
+    """``digits`` reads scikit-learn's file itself; the reference is scikit-learn's own loader."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    spec = digits(seed=0)
+    images = torch.cat([spec.train.tensors[0], spec.test.tensors[0]])
+    labels = torch.cat([spec.train.tensors[1], spec.test.tensors[1]])
+    order = torch.randperm(len(bunch.target), generator=torch.Generator().manual_seed(0))
+    n_test = int(round(len(bunch.target) * 0.2))
+    order = torch.cat([order[n_test:], order[:n_test]])  # train first, as concatenated above
+    want = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1)[order] / 16.0
+    assert torch.equal(images, want) and torch.equal(labels, torch.tensor(bunch.target)[order])
+
+
+def test_digits_leave_sklearn_unimported():
+    """Every rank of every launch loads digits: without importing scikit-learn (it costs seconds)."""
+    code = ("import sys; from ddp_tutorial.training.data import digits; digits(); "
+            "from ddp_tutorial.training.reproducibility import seed_everything; seed_everything(0); "
+            "print(sorted(m for m in ('sklearn', 'torch._inductor.config') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
