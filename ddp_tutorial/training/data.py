@@ -62,8 +62,14 @@ def digits(seed: int = 0, test_fraction: float = 0.2) -> DataSpec:
     if sklearn is None or not sklearn.submodule_search_locations:
         raise DataError("the digits dataset needs scikit-learn: pip install scikit-learn")
     path = os.path.join(list(sklearn.submodule_search_locations)[0], "datasets", "data", "digits.csv.gz")
-    with gzip.open(path, mode="rt", encoding="utf-8") as rows:
-        table = np.loadtxt(rows, delimiter=",")  # 64 pixels (0 to 16) and the label, a row per image
+    if os.path.exists(path):
+        with gzip.open(path, mode="rt", encoding="utf-8") as rows:
+            table = np.loadtxt(rows, delimiter=",")  # 64 pixels (0 to 16) and the label, a row per image
+    else:  # a scikit-learn that keeps the file elsewhere: its own loader, at the import's cost
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        table = np.column_stack([bunch.data, bunch.target])
     images = torch.tensor(table[:, :-1].reshape(-1, 8, 8), dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(table[:, -1].astype(int), dtype=torch.long)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))

@@ -410,3 +410,14 @@ def test_digits_leave_sklearn_unimported():
             "print(sorted(m for m in ('sklearn', 'torch._inductor.config') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_digits_fall_back_to_sklearns_loader_where_its_file_moved(monkeypatch):
+    """A scikit-learn that keeps digits.csv.gz elsewhere: the same data, through its own loader."""
+    import ddp_tutorial.training.data as data
+
+    direct = digits(seed=3)
+    monkeypatch.setattr(data.os.path, "exists", lambda path: False)
+    moved = data.digits(seed=3)
+    for a, b in ((direct.train, moved.train), (direct.test, moved.test)):
+        assert all(torch.equal(x, y) for x, y in zip(a.tensors, b.tensors))
