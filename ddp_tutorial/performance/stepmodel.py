@@ -11,6 +11,8 @@ Every term is a calculation the reader can redo with a pencil:
 - **overlap**: DP/ZeRO traffic runs behind the backward (hidden up to the compute time), ring
   attention's K/V passes behind attention's compute; TP, EP, PP sends, Ulysses' all-to-alls (context
   parallelism's other kind, ``StepLayout.cp_kind``) and the bubble are exposed;
+- **memory-bound kernels** (optional, ``predict(..., memory_bound=Kernels(...))``): norms, softmax,
+  activations, residual adds and dropout at HBM bandwidth from the bytes they move (``kernels``);
 - **bubble**: ``(p - 1) / (v m)`` of the time a stage computes (``orders.bubble_fraction`` as a share
   of the whole step).
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 from ddp_tutorial.performance.flops import TransformerShape, training_flops
 from ddp_tutorial.performance.hardware import Hardware
+from ddp_tutorial.performance.kernels import Kernels, memory_bound_seconds
 from ddp_tutorial.performance.stepcomm import (
     activation_bytes,
     cp_seconds,
@@ -44,7 +47,8 @@ __all__ = ["StepLayout", "StepTime", "ring_bytes", "ring_steps", "collective_sec
 
 @dataclass(frozen=True)
 class StepTime:
-    """A predicted step: seconds of each term (``comm`` total per group, ``exposed`` what the step waits for)."""
+    """A predicted step: seconds of each term (``comm`` total per group, ``exposed`` what the step waits for;
+    ``memory_s`` the memory-bound kernels, 0 unless ``predict`` was given ``memory_bound``)."""
 
     compute_s: float
     comm: dict[str, float]
@@ -56,6 +60,7 @@ class StepTime:
     hardware_flops: float
     gpus: int
     peak_flops: float
+    memory_s: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -75,13 +80,17 @@ class StepTime:
         return self.model_tflops_per_gpu * 1e12 / self.peak_flops
 
 
+def predict(shape: TransformerShape, layout: StepLayout, hardware: Hardware, *, moe_layers: int = 0,
+            memory_bound: Kernels | None = None) -> StepTime:
+    """The step time of ``layout`` training ``shape`` on ``hardware`` (bf16 weights and activations).
 
-def predict(shape: TransformerShape, layout: StepLayout, hardware: Hardware, *, moe_layers: int = 0) -> StepTime:
-    """The step time of ``layout`` training ``shape`` on ``hardware`` (bf16 weights and activations)."""
+    ``memory_bound``: the run's non-matmul kernels (``kernels.Kernels``), timed at HBM bandwidth and added
+    to the compute (``StepTime.memory_s``); ``None`` leaves them out, as if they ran at the matmul rate."""
     lay, hw = layout, hardware
     sequences = lay.dp * lay.micro_batches * lay.micro_batch
     tokens = sequences * shape.seq
     flops = training_flops(shape, tokens, recompute=lay.recompute)
+    memory = 0.0 if memory_bound is None else memory_bound_seconds(shape, lay, hw, memory_bound)
     compute = flops.hardware / lay.gpus / hw.achievable_flops
     comm = {"tp": tp_seconds(shape, lay, hw), "cp": cp_seconds(shape, lay, hw), "pp": pp_seconds(shape, lay, hw),
             "dp": dp_seconds(shape, lay, hw), "ep": ep_seconds(shape, lay, hw, moe_layers)}
@@ -89,10 +98,10 @@ def predict(shape: TransformerShape, layout: StepLayout, hardware: Hardware, *, 
     # Ulysses' all-to-alls come before and after attention: exposed
     attention = 0.0 if lay.cp_kind == "ulysses" else flops.attention / lay.gpus / hw.achievable_flops
     exposed = {"tp": comm["tp"], "ep": comm["ep"], "pp": comm["pp"], "cp": max(0.0, comm["cp"] - attention),
-               "dp": max(0.0, comm["dp"] - compute)}  # DP/ZeRO traffic behind the backward and forward
-    busy = compute + exposed["tp"] + exposed["ep"] + exposed["cp"]  # what a stage does per step, microbatch by microbatch
+               "dp": max(0.0, comm["dp"] - compute - memory)}  # DP/ZeRO traffic behind the backward and forward
+    busy = compute + memory + exposed["tp"] + exposed["ep"] + exposed["cp"]  # a stage's work, microbatch by microbatch
     bubble = busy * (lay.pp - 1) / (lay.virtual * lay.micro_batches)
     step = busy + exposed["pp"] + exposed["dp"] + bubble
     return StepTime(compute, comm, exposed, bubble, step, tokens, flops.model, flops.hardware, lay.gpus,
-                    hw.peak_flops)
+                    hw.peak_flops, memory)
 
