@@ -24,6 +24,7 @@ from ddp_tutorial.performance.stepmodel import (
     tp_seconds,
 )
 from ddp_tutorial.pipeline_parallel.orders import idle_fraction, one_f_one_b_order, simulate
+from ddp_tutorial.pipeline_parallel.torch_schedules import ideal_run
 
 SHAPE = TransformerShape(vocab=32000, dim=1024, layers=4, heads=16, seq=2048)
 # latency 0: the bytes alone decide, so ratios of times are ratios of bytes
@@ -201,3 +202,19 @@ def test_ulysses_volume_equals_the_bytes_lesson_20s_ulysses_sends(n):
     per_pass = sum(ring_bytes("all_to_all", a, n) for a in ulysses_bytes(shape, StepLayout(cp=n)).values())
     # the course's run is float32, the model bf16: twice the bytes; forward and backward, one layer
     assert sent == [2 * 2 * per_pass] * n
+
+
+@pytest.mark.parametrize("stages,micro", [(2, 4), (3, 6), (4, 8)])
+def test_interleaved_bubble_equals_the_idle_share_of_torchs_interleaved_1f1b(stages, micro):
+    events = ideal_run("Interleaved1F1B", stages, micro)  # two stages per rank, on lesson 19's ideal clock
+    if events is None:
+        pytest.skip("this torch has no _schedule_visualizer.get_schedule_ops")
+    free = replace(H100, latency_s=0.0, network_bytes_per_s=float("inf"), nvlink_bytes_per_s=float("inf"))
+    step = predict(SHAPE, StepLayout(pp=stages, micro_batches=micro, virtual=2), free)
+    assert step.bubble_s / step.step_s == pytest.approx(idle_fraction(events))
+
+
+def test_interleaving_sends_v_times_the_activations():
+    # 5 microbatches x 2 virtual stages x (activation out + gradient in), 4,194,304 bytes each, NVLink
+    layout = StepLayout(pp=2, micro_batches=5, virtual=2)
+    assert pp_seconds(SHAPE, layout, H100) == pytest.approx(20 * (H100.latency_s + 4_194_304 / 450e9))
