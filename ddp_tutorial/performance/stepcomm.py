@@ -12,7 +12,7 @@ from ddp_tutorial.performance.hardware import GPUS_PER_NODE, Hardware
 from ddp_tutorial.performance.steplayout import StepLayout, collective_seconds, group_link
 
 __all__ = ["activation_bytes", "tp_seconds", "cp_seconds", "ring_cp_seconds", "ulysses_cp_seconds",
-           "ulysses_bytes", "pp_seconds", "dp_seconds", "ep_seconds"]
+           "ulysses_tensor_bytes", "pp_seconds", "dp_seconds", "ep_seconds"]
 
 
 def activation_bytes(shape: TransformerShape, layout: StepLayout) -> float:
@@ -57,7 +57,7 @@ def ring_cp_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware) -
     return per_layer * shape.layers / layout.pp * layout.micro_batches
 
 
-def ulysses_bytes(shape: TransformerShape, layout: StepLayout) -> dict[str, float]:
+def ulysses_tensor_bytes(shape: TransformerShape, layout: StepLayout) -> dict[str, float]:
     """Each all-to-all's input on one rank, one layer's forward: q and the output ``b x s/cp x dim/t``,
     k and v ``b x s/cp x kv_dim/t``, bf16. With ``kv_heads / t < cp`` the K/V heads are replicated up to one
     per rank (DeepSpeed's GQA rule); ``heads`` must split over ``t x cp`` ranks."""
@@ -77,7 +77,7 @@ def ulysses_cp_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware
     recomputed. They block attention: nothing hides them."""
     c, link = layout.cp, group_link(layout, "cp", hw)
     one_pass = sum(collective_seconds("all_to_all", nbytes, c, link, hw.latency_s)
-                   for nbytes in ulysses_bytes(shape, layout).values())
+                   for nbytes in ulysses_tensor_bytes(shape, layout).values())
     passes = (2 if layout.recompute else 1) + 1
     return passes * one_pass * shape.layers / layout.pp * layout.micro_batches
 

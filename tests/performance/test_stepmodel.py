@@ -13,7 +13,7 @@ from ddp_tutorial.context_parallel.comm_volume import ulysses_step_bytes
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.performance.flops import TransformerShape, training_flops
 from ddp_tutorial.performance.hardware import A100, B200, H100, H200, HARDWARE
-from ddp_tutorial.performance.stepcomm import cp_seconds, ulysses_bytes
+from ddp_tutorial.performance.stepcomm import cp_seconds, ulysses_tensor_bytes
 from ddp_tutorial.performance.stepmodel import (
     StepLayout,
     dp_seconds,
@@ -185,8 +185,8 @@ def test_ulysses_sends_fewer_bytes_than_the_ring_and_needs_the_heads_to_split():
     # grouped-query attention: 4 KV heads of 16, fewer k and v bytes; with tp 4 one KV head per rank is
     # replicated to one per CP rank (2): k and v as big as with 8 KV heads
     gqa = replace(SHAPE, kv_heads=4)
-    assert ulysses_bytes(gqa, StepLayout(cp=2, cp_kind="ulysses"))["k"] == pytest.approx(1 * 1024 * 256 * 2)
-    assert ulysses_bytes(gqa, StepLayout(tp=4, cp=2, cp_kind="ulysses"))["k"] == pytest.approx(1024 * 2 * 64 * 2)
+    assert ulysses_tensor_bytes(gqa, StepLayout(cp=2, cp_kind="ulysses"))["k"] == pytest.approx(1 * 1024 * 256 * 2)
+    assert ulysses_tensor_bytes(gqa, StepLayout(tp=4, cp=2, cp_kind="ulysses"))["k"] == pytest.approx(1024 * 2 * 64 * 2)
     with pytest.raises(ValueError, match="heads divisible by tp x cp"):
         cp_seconds(SHAPE, StepLayout(tp=4, cp=8, cp_kind="ulysses"), H100)
     with pytest.raises(ValueError, match="cp_kind must be one of ring, ulysses"):
@@ -199,7 +199,7 @@ def test_ulysses_volume_equals_the_bytes_lesson_20s_ulysses_sends(n):
     b, heads, seq, head_dim = 1, 4, 16, 8
     sent = spawn(ulysses_step_bytes, n, args=((b, heads, seq, head_dim),), backend="gloo", timeout=90, quiet=True)
     shape = TransformerShape(vocab=8, dim=heads * head_dim, layers=1, heads=heads, seq=seq)
-    per_pass = sum(ring_bytes("all_to_all", a, n) for a in ulysses_bytes(shape, StepLayout(cp=n)).values())
+    per_pass = sum(ring_bytes("all_to_all", a, n) for a in ulysses_tensor_bytes(shape, StepLayout(cp=n)).values())
     # the course's run is float32, the model bf16: twice the bytes; forward and backward, one layer
     assert sent == [2 * 2 * per_pass] * n
 
