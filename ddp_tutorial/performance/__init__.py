@@ -9,7 +9,8 @@
   HBM, NVLink and network bandwidth), each with its source;
 - ``stepmodel``: one training step of a layout (DP, ZeRO 0-3, TP with or without SP, CP by ring or Ulysses,
   PP, EP) turned into seconds: compute, each group's alpha-beta communication, what overlaps, the bubble; MFU;
-  ``steplayout`` holds its ``StepLayout`` and collective costs, ``stepcomm`` each group's seconds;
+- ``steplayout``: the step model's ``StepLayout`` and its collectives' ring volumes and alpha-beta costs;
+- ``stepcomm``: each process group's communication seconds in a step (TP, CP ring or Ulysses, PP, DP/ZeRO, EP);
 - ``kernels``: the memory-bound kernels (norms, softmax, activations, residual adds, dropout) timed at HBM
   bandwidth from the bytes each reads and writes, ``stepmodel.predict(..., memory_bound=...)``;
 - ``timing_plan``: the capstone's planner ranking the layouts that fit by predicted step time under a global

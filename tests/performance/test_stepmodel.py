@@ -1,6 +1,7 @@
 """The step-time model's terms against independent counts: lesson 06's ring, hand calculations from the
 textbook definitions, flops.py, and lesson 19's simulated schedules (issue 39); the sourced figures of
-``ddp_tutorial.performance.hardware`` it runs on."""
+``ddp_tutorial.performance.hardware`` it runs on. Covers ``ddp_tutorial.performance.stepmodel``,
+``ddp_tutorial.performance.steplayout`` and ``ddp_tutorial.performance.stepcomm``."""
 
 from __future__ import annotations
 
