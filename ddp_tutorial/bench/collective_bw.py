@@ -109,6 +109,30 @@ def measure(rank: int, world_size: int, ops: list[str], sizes: list[int], iters:
     return rows
 
 
+def slowest(seconds: float, device: torch.device | str = "cpu") -> float:
+    """The largest of every rank's ``seconds`` (a MAX all-reduce): a collective ends with its slowest rank."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def allreduce_seconds(nbytes: int, *, calls: int = 5, repeat: int = 3, device: torch.device | str = "cpu") -> float:
+    """Seconds of one all-reduce of ``nbytes`` (float32) in the current group, the slowest rank's: after a
+    warm-up call, the best of ``repeat`` rounds of ``calls`` calls (``bench roofline``, ``bench stepmodel``)."""
+    buf = torch.ones(nbytes // 4, device=device)
+    dist.all_reduce(buf)
+    best = float("inf")
+    for _ in range(repeat):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            dist.all_reduce(buf)
+        if buf.device.type == "cuda":
+            torch.cuda.synchronize(buf.device)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return slowest(best, device)
+
+
 def to_row(op: str, world_size: int, nbytes: int, seconds: float) -> dict:
     algbw = nbytes / seconds / 1e9
     factor = bus_factor(op, world_size)

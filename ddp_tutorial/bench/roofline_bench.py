@@ -13,12 +13,11 @@ Every figure is this machine's, printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
+from ddp_tutorial.bench.collective_bw import allreduce_seconds
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.performance import roofline
@@ -58,18 +57,9 @@ def operations() -> list[tuple[str, str, float, float, object]]:
 
 
 def allreduce_rate(rank: int, world_size: int, nbytes: int, repeat: int) -> float:
-    """Worker: the best algbw (bytes/s) of an all-reduce of ``nbytes``, the slowest rank's."""
-    buf = torch.ones(nbytes // 4)
-    dist.all_reduce(buf)
-    best = float("inf")
-    for _ in range(repeat):
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(buf)
-        best = min(best, time.perf_counter() - start)
-    t = torch.tensor([best], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return nbytes / t.item()
+    """Worker: the best algbw (bytes/s) of an all-reduce of ``nbytes``, the slowest rank's
+    (``collective_bw.allreduce_seconds``: the best of ``repeat`` single calls)."""
+    return nbytes / allreduce_seconds(nbytes, calls=1, repeat=repeat)
 
 
 def run(args: argparse.Namespace) -> Result:

@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddp_tutorial.bench.collective_bw import fit_alpha_beta
+from ddp_tutorial.bench.collective_bw import allreduce_seconds, fit_alpha_beta, slowest
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.models import DeepMLP
@@ -49,26 +49,6 @@ def rows_per_step(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=rows_per_step, default=256, help="rows per step, all ranks together")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per layout (the median counts)")
-
-
-def allreduce_seconds(nbytes: int, calls: int = 5) -> float:
-    """Best seconds of one all-reduce of ``nbytes``, the slowest rank's."""
-    buf = torch.ones(nbytes // 4)
-    dist.all_reduce(buf)
-    best = float("inf")
-    for _ in range(3):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(calls):
-            dist.all_reduce(buf)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return slowest(best)
-
-
-def slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
 
 
 def make_step(layout: str, rank: int, world_size: int, batch: int):

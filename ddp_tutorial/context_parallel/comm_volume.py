@@ -29,7 +29,8 @@ from ddp_tutorial.context_parallel.ring_attention import RingAttention, qkv_inpu
 from ddp_tutorial.context_parallel.ulysses import ulysses_attention
 from ddp_tutorial.env import rank_device
 
-__all__ = ["ring_bytes", "ulysses_bytes", "counting_sends", "volume_worker", "min_block_for_overlap"]
+__all__ = ["ring_bytes", "ulysses_bytes", "counting_sends", "volume_worker", "ulysses_step_bytes",
+           "min_block_for_overlap"]
 
 
 def ring_bytes(n: int, activation: int, *, heads: int, kv_heads: int) -> int:
@@ -80,6 +81,16 @@ def volume_worker(rank: int, world_size: int, shape: tuple[int, int, int, int], 
             ulysses_attention(*mine[shape[1]])
         result["Ulysses"] = sent["p2p"] + sent["all_to_all"]
     return result
+
+
+def ulysses_step_bytes(rank: int, world_size: int, shape: tuple[int, int, int, int]) -> int:
+    """Bytes this rank sends through Ulysses' all-to-alls in one forward *and* backward of attention over
+    its shard of ``shape`` (float32): what ``performance.stepcomm.ulysses_cp_seconds`` counts."""
+    q, k, v = (shard_sequence(t, rank, world_size).to(rank_device()).requires_grad_()
+               for t in qkv_inputs(shape, torch.float32))
+    with counting_sends() as sent:
+        ulysses_attention(q, k, v).sum().backward()
+    return sent["all_to_all"] + sent["p2p"]
 
 
 def min_block_for_overlap(flops: float, bandwidth: float, *, heads: int, kv_heads: int,

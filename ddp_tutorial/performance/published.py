@@ -12,8 +12,15 @@ Two sources, transcribed as printed:
   layers, TP, PP, GPUs, batch size, achieved TFLOP/s per GPU, percentage of the 312 TFLOP/s peak). Its
   FLOPs formula (eq. 3) counts activation recomputation, so its TFLOP/s are the hardware's, not the model's.
 
-What neither table gives, assumed the same for every row: one sequence per microbatch, no interleaving
-(``virtual = 1``), so ``m = batch per DP``; Megatron's runs recompute activations and reduce bf16 gradients.
+What neither table gives, assumed the same for every row: one sequence per microbatch, so ``m = batch per
+DP``; no interleaving (``virtual = 1``). Megatron-LM's section 5.1 says its Table 1 runs use "the interleaved
+pipeline schedule with the scatter/gather optimization enabled" but not how many stages per rank: ``v = 1``
+is kept, the largest bubble ``(p - 1) / m`` (a ``v`` of 2 would only raise the predictions, already high).
+Megatron's runs recompute activations and reduce bf16 gradients.
+
+Memory-bound kernels (``kernels.Kernels``, what ``bench published`` times at HBM bandwidth): Megatron-LM's
+GPT with dropout and its fused softmax over the materialised scores (section 4.2); Llama 3 with
+flash attention and no dropout (neither stated in the paper: assumed, as in Meta's released code).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from dataclasses import dataclass
 
 from ddp_tutorial.performance.flops import TransformerShape
 from ddp_tutorial.performance.hardware import A100, H100, Hardware
+from ddp_tutorial.performance.kernels import Kernels
 from ddp_tutorial.performance.stepmodel import StepLayout
 
 __all__ = ["PublishedRun", "LLAMA3", "MEGATRON", "RUNS"]
@@ -31,15 +39,16 @@ MEGATRON = "Megatron-LM (Narayanan et al. 2021), Table 1"
 # what the model leaves out, the likeliest reason first (printed where a prediction misses by over 20%)
 LLAMA3_LEFT_OUT = ("pipeline schedule's interleaving not given (v = 1 assumed); no straggler or failure time; "
                    "perfect DP overlap assumed")
-MEGATRON_LEFT_OUT = ("memory-bound kernels (norms, softmax, dropout, GeLU) timed at the matmul rate; "
-                     "DP all-reduce assumed hidden behind the backward")
+MEGATRON_LEFT_OUT = ("matmuls assumed at the A100's best measured rate (MAMF, large square GEMMs); kernel launch gaps, "
+                     "the loss and the optimizer step; DP all-reduce assumed hidden behind the backward")
 
 
 @dataclass(frozen=True)
 class PublishedRun:
     """One row of a published table: what ran (``shape``, ``layout``, ``hardware``) and what it reported.
     ``counts_recompute``: the reported TFLOPs include recomputed FLOPs (compare with the hardware's);
-    ``tflops_step``: the unit the TFLOPs were rounded to (10 for Llama 3's 430, 400, 380)."""
+    ``tflops_step``: the unit the TFLOPs were rounded to (10 for Llama 3's 430, 400, 380); ``kernels``: the
+    run's memory-bound kernels (``kernels.Kernels``)."""
 
     source: str
     model: str
@@ -51,6 +60,7 @@ class PublishedRun:
     counts_recompute: bool = False
     tflops_step: float = 1.0
     left_out: str = ""
+    kernels: Kernels = Kernels()
 
     @property
     def gpus(self) -> int:
@@ -69,7 +79,7 @@ def llama3_run(gpus: int, tp: int, cp: int, pp: int, dp: int, *, seq: int, batch
                     grad_bytes=4)
     assert layout.gpus == gpus, f"Table 4 row: {tp} x {cp} x {pp} x {dp} != {gpus}"
     return PublishedRun(LLAMA3, "Llama 3 405B", llama3_405b(seq), layout, H100, tflops, mfu, tflops_step=10,
-                        left_out=LLAMA3_LEFT_OUT)
+                        left_out=LLAMA3_LEFT_OUT, kernels=Kernels(dropout=False, flash_attention=True))
 
 
 def megatron_run(params_b: float, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int,
@@ -79,7 +89,7 @@ def megatron_run(params_b: float, heads: int, hidden: int, layers: int, tp: int,
     shape = TransformerShape(vocab=51200, dim=hidden, layers=layers, heads=heads, seq=2048)
     layout = StepLayout(dp=dp, tp=tp, pp=pp, micro_batches=batch // dp, recompute=True)
     return PublishedRun(MEGATRON, f"GPT {params_b}B", shape, layout, A100, tflops, percent / 100,
-                        counts_recompute=True, left_out=MEGATRON_LEFT_OUT)
+                        counts_recompute=True, left_out=MEGATRON_LEFT_OUT, kernels=Kernels(dropout=True))
 
 
 RUNS = [

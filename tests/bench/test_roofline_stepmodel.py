@@ -101,3 +101,16 @@ def test_the_plans_bytes_are_what_each_layouts_step_hands_to_gloo():
                 assert sorted(b for _, b in seen[layout]) == sorted(b for _, b, _, _ in planned), (layout, rank)
             left_out = sum(b for k, b in seen[layout] if k not in kinds)  # DDP's bookkeeping broadcasts
             assert left_out <= 1e-4 * sum(b for _, b, _, _ in planned), (layout, rank)
+
+
+def test_the_shared_allreduce_timer_reports_the_slowest_rank_on_every_rank():
+    # bench roofline's algbw worker times with collective_bw.allreduce_seconds, as bench stepmodel does:
+    # one number per run, the slowest rank's, so every rank returns the same
+    from ddp_tutorial.bench import roofline_bench, stepmodel_bench
+    from ddp_tutorial.bench.collective_bw import allreduce_seconds
+    from ddp_tutorial.launch import spawn
+
+    assert stepmodel_bench.allreduce_seconds is allreduce_seconds
+    rates = spawn(roofline_bench.allreduce_rate, 3, args=(1 << 16, 2), backend="gloo", threads=1, timeout=90,
+                  quiet=True)
+    assert len(rates) == 3 and len(set(rates)) == 1 and rates[0] > 0

@@ -1,6 +1,7 @@
 """The step-time model's terms against independent counts: lesson 06's ring, hand calculations from the
 textbook definitions, flops.py, and lesson 19's simulated schedules (issue 39); the sourced figures of
-``ddp_tutorial.performance.hardware`` it runs on."""
+``ddp_tutorial.performance.hardware`` it runs on. Covers ``ddp_tutorial.performance.stepmodel``,
+``ddp_tutorial.performance.steplayout`` and ``ddp_tutorial.performance.stepcomm``."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from dataclasses import replace
 import pytest
 
 from ddp_tutorial.comm.ring import ring_jobs, segment_bounds
+from ddp_tutorial.context_parallel.comm_volume import ulysses_step_bytes
+from ddp_tutorial.launch import spawn
 from ddp_tutorial.performance.flops import TransformerShape, training_flops
 from ddp_tutorial.performance.hardware import A100, B200, H100, H200, HARDWARE
+from ddp_tutorial.performance.stepcomm import cp_seconds, ulysses_tensor_bytes
 from ddp_tutorial.performance.stepmodel import (
     StepLayout,
     dp_seconds,
@@ -21,6 +25,7 @@ from ddp_tutorial.performance.stepmodel import (
     tp_seconds,
 )
 from ddp_tutorial.pipeline_parallel.orders import idle_fraction, one_f_one_b_order, simulate
+from ddp_tutorial.pipeline_parallel.torch_schedules import ideal_run
 
 SHAPE = TransformerShape(vocab=32000, dim=1024, layers=4, heads=16, seq=2048)
 # latency 0: the bytes alone decide, so ratios of times are ratios of bytes
@@ -155,3 +160,62 @@ def test_ring_attention_passes_k_and_v_round_the_ring_by_hand():
     # grouped-query attention: 4 KV heads of 16 send a quarter
     gqa = replace(SHAPE, kv_heads=4)
     assert predict(gqa, layout, NO_ALPHA).comm["cp"] == pytest.approx(predict(SHAPE, layout, NO_ALPHA).comm["cp"] / 4)
+
+
+def test_ulysses_all_to_alls_by_hand():
+    layout = StepLayout(cp=4, cp_kind="ulysses")
+    # q, k, v and the output: each 1 x (2048 / 4 tokens) x 1024 x 2 bytes = 1,048,576 bytes; an all-to-all over
+    # 4 ranks sends 3 of its 4 parts away in 3 ring steps; forward and backward, 4 layers, NVLink
+    one = 3 * H100.latency_s + 1_048_576 * 3 / 4 / 450e9
+    step = predict(SHAPE, layout, H100)
+    assert step.comm["cp"] == pytest.approx(2 * 4 * 4 * one)
+    assert step.exposed["cp"] == step.comm["cp"]  # before and after attention: nothing to hide behind
+    # recomputation runs the forward's four again
+    assert cp_seconds(SHAPE, replace(layout, recompute=True), H100) == pytest.approx(3 * 4 * 4 * one)
+    # tensor parallelism splits the heads: each rank's tensors are half as big, the ring steps the same
+    bytes_only = cp_seconds(SHAPE, replace(layout, tp=2), NO_ALPHA) / cp_seconds(SHAPE, layout, NO_ALPHA)
+    assert bytes_only == pytest.approx(0.5)
+
+
+def test_ulysses_sends_fewer_bytes_than_the_ring_and_needs_the_heads_to_split():
+    ring, ulysses = StepLayout(cp=8), StepLayout(cp=8, cp_kind="ulysses")
+    # per layer, A one whole-sequence activation: the ring passes K and V (2 A / 8) 7 steps, forward and twice
+    # backward; Ulysses sends 7/8 of q, k, v, out (A / 8 each), forward and backward
+    ratio = cp_seconds(SHAPE, ring, NO_ALPHA) / cp_seconds(SHAPE, ulysses, NO_ALPHA)
+    assert ratio == pytest.approx((3 * 7 * 2) / (2 * 4 * 7 / 8))
+    # grouped-query attention: 4 KV heads of 16, fewer k and v bytes; with tp 4 one KV head per rank is
+    # replicated to one per CP rank (2): k and v as big as with 8 KV heads
+    gqa = replace(SHAPE, kv_heads=4)
+    assert ulysses_tensor_bytes(gqa, StepLayout(cp=2, cp_kind="ulysses"))["k"] == pytest.approx(1 * 1024 * 256 * 2)
+    assert ulysses_tensor_bytes(gqa, StepLayout(tp=4, cp=2, cp_kind="ulysses"))["k"] == pytest.approx(1024 * 2 * 64 * 2)
+    with pytest.raises(ValueError, match="heads divisible by tp x cp"):
+        cp_seconds(SHAPE, StepLayout(tp=4, cp=8, cp_kind="ulysses"), H100)
+    with pytest.raises(ValueError, match="cp_kind must be one of ring, ulysses"):
+        StepLayout(cp_kind="allgather")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 4])
+def test_ulysses_volume_equals_the_bytes_lesson_20s_ulysses_sends(n):
+    b, heads, seq, head_dim = 1, 4, 16, 8
+    sent = spawn(ulysses_step_bytes, n, args=((b, heads, seq, head_dim),), backend="gloo", timeout=90, quiet=True)
+    shape = TransformerShape(vocab=8, dim=heads * head_dim, layers=1, heads=heads, seq=seq)
+    per_pass = sum(ring_bytes("all_to_all", a, n) for a in ulysses_tensor_bytes(shape, StepLayout(cp=n)).values())
+    # the course's run is float32, the model bf16: twice the bytes; forward and backward, one layer
+    assert sent == [2 * 2 * per_pass] * n
+
+
+@pytest.mark.parametrize("stages,micro", [(2, 4), (3, 6), (4, 8)])
+def test_interleaved_bubble_equals_the_idle_share_of_torchs_interleaved_1f1b(stages, micro):
+    events = ideal_run("Interleaved1F1B", stages, micro)  # two stages per rank, on lesson 19's ideal clock
+    if events is None:
+        pytest.skip("this torch has no _schedule_visualizer.get_schedule_ops")
+    free = replace(H100, latency_s=0.0, network_bytes_per_s=float("inf"), nvlink_bytes_per_s=float("inf"))
+    step = predict(SHAPE, StepLayout(pp=stages, micro_batches=micro, virtual=2), free)
+    assert step.bubble_s / step.step_s == pytest.approx(idle_fraction(events))
+
+
+def test_interleaving_sends_v_times_the_activations():
+    # 5 microbatches x 2 virtual stages x (activation out + gradient in), 4,194,304 bytes each, NVLink
+    layout = StepLayout(pp=2, micro_batches=5, virtual=2)
+    assert pp_seconds(SHAPE, layout, H100) == pytest.approx(20 * (H100.latency_s + 4_194_304 / 450e9))
