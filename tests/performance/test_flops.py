@@ -13,7 +13,9 @@ from ddp_tutorial.performance.flops import TransformerShape, forward_flops, mfu,
 
 BATCH, SEQ = 3, 16
 CPU_SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-# torch 2.9's counter has no entry for the CPU attention kernel (it counts its matmuls as nothing)
+# torch's counter has an entry for the CPU attention kernel from 2.15 on; before (2.9 to 2.14.1 seen), it
+# counts that kernel's matmuls as nothing. Lesson 23 counts attention with SDPBackend.MATH, which every
+# release counts (its bmm), and shows the fused kernel's count in an ignore-output cell for that reason.
 COUNTS_CPU_ATTENTION = CPU_SDPA in flop_registry
 
 
@@ -29,9 +31,26 @@ def counted(model: torch.nn.Module, vocab: int, *, backward: bool) -> dict[str, 
     return {"matmul": counter.get_total_flops() - attention, "attention": attention}
 
 
-def test_the_registry_counts_cpu_attention_from_torch_2_10_on():
-    # the branch below is taken on the floor only: on the newest torch the attention term is checked
-    assert COUNTS_CPU_ATTENTION or older_than(torch.__version__, "2.10")
+def test_the_registry_counts_cpu_attention_from_torch_2_15_on():
+    # the branch below is taken before 2.15 only: from 2.15 on the attention term is checked
+    assert COUNTS_CPU_ATTENTION or older_than(torch.__version__, "2.15")
+
+
+def test_attention_as_plain_matmuls_is_counted_by_every_release():
+    """What lesson 23 relies on: with SDPBackend.MATH the counter sees exactly the model's FLOPs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    shape = TransformerShape(vocab=32, dim=32, layers=2, heads=4, seq=SEQ)
+    with sdpa_kernel(SDPBackend.MATH):
+        got = counted(CharGPT(32, 32, 4, 2), 32, backward=True)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        tokens = torch.randint(0, 32, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+        CharGPT(32, 32, 4, 2)(tokens).float().pow(2).mean().backward()
+    by_op = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    flops = training_flops(shape, BATCH * SEQ)
+    assert counter.get_total_flops() == flops.model == got["matmul"]
+    # Q K^T and P V, forward and backward: batch x heads x (s x s x head_dim) x 2 FLOPs x 2 products x 3
+    assert by_op["aten.bmm"] == flops.attention == BATCH * 4 * SEQ * SEQ * (32 // 4) * 2 * 2 * 3 * 2
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "training step"])
