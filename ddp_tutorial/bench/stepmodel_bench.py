@@ -23,8 +23,17 @@ from ddp_tutorial.bench.collective_bw import allreduce_seconds, fit_alpha_beta, 
 from ddp_tutorial.bench.common import Result
 from ddp_tutorial.launch import spawn
 from ddp_tutorial.models import DeepMLP
+from ddp_tutorial.performance.hardware import Hardware
 from ddp_tutorial.performance.roofline import copy_bandwidth, peak_matmul_rate
-from ddp_tutorial.performance.this_machine import LAYOUTS, cpu_hardware, layout_plan, link_from_fit, predict_plan
+from ddp_tutorial.performance.stepmodel import predict
+from ddp_tutorial.performance.this_machine import (
+    LAYOUTS,
+    capstone_step,
+    cpu_hardware,
+    layout_plan,
+    link_from_fit,
+    predict_plan,
+)
 
 HELP = "predicted vs measured step time of DDP, FSDP2, TP and a 2-stage pipeline on 2 gloo ranks"
 SIZES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)  # all-reduce bytes for the alpha-beta fit
@@ -49,6 +58,8 @@ def rows_per_step(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=rows_per_step, default=256, help="rows per step, all ranks together")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per layout (the median counts)")
+    parser.add_argument("--capstone-steps", type=int, default=2,
+                        help="timed steps of each of lesson 22's layouts of 4 ranks (0: none)")
 
 
 def make_step(layout: str, rank: int, world_size: int, batch: int):
@@ -143,11 +154,68 @@ def recorded_traffic(rank: int, world_size: int, batch: int) -> dict[str, list[t
     return out
 
 
+def machine_inputs() -> dict:
+    """The model's inputs measured on these ranks as they run together: the slowest rank's matmul rate and
+    copy bandwidth, and an all-reduce's seconds at each of ``SIZES``."""
+    return {"rate": -slowest(-peak_matmul_rate((256, 512), repeat=3)), "copy": -slowest(-copy_bandwidth(1 << 22, repeat=3)),
+            "allreduce": [allreduce_seconds(n) for n in SIZES]}
+
+
+def hardware_of(got: dict) -> tuple[Hardware, float, float]:
+    """``machine_inputs`` as a ``Hardware`` (gloo's all-reduce fitted, lesson 06), with the fit's alpha and algbw."""
+    alpha, algbw = fit_alpha_beta(list(SIZES), got["allreduce"])
+    latency, link = link_from_fit(alpha, algbw, got.get("ranks", 2))
+    return cpu_hardware(matmul_flops=got["rate"], copy_bytes_per_s=got["copy"], latency_s=latency,
+                        link_bytes_per_s=link), alpha, algbw
+
+
+def capstone_times(rank: int, world_size: int, layouts: list[dict], steps: int) -> dict:
+    """Worker: lesson 22's composed step on each layout of ``world_size`` ranks, the median of ``steps`` timed
+    steps after a first (FSDP2's lazy init, the pipeline's setup), the slowest rank's; and this launch's inputs."""
+    from ddp_tutorial.capstone.composed import build, train_steps
+    from ddp_tutorial.capstone.reference import GPTRun
+
+    got = machine_inputs() | {"ranks": world_size, "measured": []}
+    for layout in layouts:
+        parts = build(world_size, layout, GPTRun())
+        train_steps(parts, range(1))
+        times = []
+        for i in range(1, steps + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            train_steps(parts, range(i, i + 1))
+            times.append(slowest(time.perf_counter() - start))
+        got["measured"].append(statistics.median(times))
+    return got
+
+
+def capstone_rows(steps: int) -> tuple[list[dict], str]:
+    """The capstone's layouts of 4 ranks, predicted (``this_machine.capstone_step``) and measured, and a note
+    on the inputs measured in that launch."""
+    from ddp_tutorial.capstone.layout import Layout, layouts
+    from ddp_tutorial.capstone.reference import GPTRun
+
+    four = [vars(lay) for lay in layouts(4, **GPTRun().model_limits()) if lay.world_size == 4]
+    got = spawn(capstone_times, 4, args=(four, steps), backend="gloo", threads=1, timeout=300, quiet=True)[0]
+    hw, alpha, algbw = hardware_of(got)
+    rows = []
+    for layout, measured in zip(four, got["measured"]):
+        shape, step_layout = capstone_step(layout)
+        p = predict(shape, step_layout, hw)
+        exposed = sum(p.exposed.values())
+        rows.append({"layout": f"capstone {Layout(**layout)}", "ranks": 4, "GFLOPs": round(p.hardware_flops / p.gpus / 1e9, 4),
+                     "comm MB": "-",
+                     "compute ms": p.compute_s * 1e3, "comm exposed ms": exposed * 1e3, "bubble ms": p.bubble_s * 1e3,
+                     "predicted ms": p.step_s * 1e3, "measured ms": measured * 1e3,
+                     "predicted/measured": round(p.step_s / measured, 2)})
+    note = (f"capstone (4 ranks sharing the cores, float64): inputs measured in that launch: matmul "
+            f"{got['rate'] / 1e9:.3g} GFLOP/s per rank, all-reduce alpha {alpha * 1e6:.3g} us, algbw {algbw / 1e9:.3g} GB/s")
+    return rows, note
+
+
 def measure(rank: int, world_size: int, batch: int, steps: int) -> dict:
     """Worker: the model's inputs and each layout's median step, the slowest rank's."""
-    rate = -slowest(-peak_matmul_rate((256, 512), repeat=3))  # the slower rank's rate
-    copy = -slowest(-copy_bandwidth(1 << 22, repeat=3))
-    allreduce = [allreduce_seconds(n) for n in SIZES]
+    got = machine_inputs()
     measured = {}
     for layout in LAYOUTS:
         step = make_step(layout, rank, world_size, batch)
@@ -160,15 +228,12 @@ def measure(rank: int, world_size: int, batch: int, steps: int) -> dict:
             step()
             times.append(slowest(time.perf_counter() - start))
         measured[layout] = statistics.median(times)
-    return {"rate": rate, "copy": copy, "allreduce": allreduce, "measured": measured}
+    return got | {"measured": measured}
 
 
 def run(args: argparse.Namespace) -> Result:
     got = spawn(measure, 2, args=(args.batch, args.steps), backend="gloo", threads=1, timeout=300, quiet=True)[0]
-    alpha, algbw = fit_alpha_beta(list(SIZES), got["allreduce"])
-    latency, link = link_from_fit(alpha, algbw, 2)
-    hw = cpu_hardware(matmul_flops=got["rate"], copy_bytes_per_s=got["copy"], latency_s=latency,
-                      link_bytes_per_s=link)
+    hw, alpha, algbw = hardware_of(got)
     sizes = [(m.in_features, m.out_features) for m in DeepMLP().net if isinstance(m, torch.nn.Linear)]
     rows = []
     for layout in LAYOUTS:
@@ -182,12 +247,14 @@ def run(args: argparse.Namespace) -> Result:
     ratios = [r["predicted/measured"] for r in rows]
     by_predicted = [r["layout"] for r in sorted(rows, key=lambda r: r["predicted ms"])]
     by_measured = [r["layout"] for r in sorted(rows, key=lambda r: r["measured ms"])]
+    capstone, capstone_note = capstone_rows(args.capstone_steps) if args.capstone_steps else ([], "")
+    low = [r["predicted/measured"] for r in capstone]
     return Result(
         name=f"stepmodel: DeepMLP, batch {args.batch}, 2 gloo ranks x 1 thread, predicted vs measured "
              f"(median of {args.steps} steps)",
         columns=["layout", "ranks", "GFLOPs", "comm MB", "compute ms", "comm exposed ms", "bubble ms",
                  "predicted ms", "measured ms", "predicted/measured"],
-        rows=rows,
+        rows=rows + capstone,
         notes=[f"inputs measured in this run: matmul {got['rate'] / 1e9:.3g} GFLOP/s (1 thread), copy "
                f"{got['copy'] / 1e9:.3g} GB/s, all-reduce alpha {alpha * 1e6:.3g} us, algbw {algbw / 1e9:.3g} GB/s",
                "GFLOPs and comm MB: the busiest rank's per step (performance.this_machine.layout_plan)",
@@ -195,5 +262,9 @@ def run(args: argparse.Namespace) -> Result:
                "(DDP and FSDP2 hooks, DTensor dispatch), small matmuls slower than the best square one, other load",
                f"fastest first, predicted: {' < '.join(by_predicted)}; measured: {' < '.join(by_measured)}",
                f"predicted/measured from {min(ratios):.2f} to {max(ratios):.2f} over {len(rows)} layouts "
-               f"on 2 ranks"],
+               f"on 2 ranks"]
+              + ([capstone_note, "capstone GFLOPs: the model's per rank (stepmodel.predict with "
+                  "this_machine.capstone_step); left out as above, and the capstone's hundreds of small calls",
+                  f"capstone predicted/measured from {min(low):.2f} to {max(low):.2f} over {len(capstone)} layouts "
+                  f"of 4 ranks"] if capstone else []),
     )

@@ -16,8 +16,8 @@ __all__ = ["activation_bytes", "tp_seconds", "cp_seconds", "ring_cp_seconds", "u
 
 
 def activation_bytes(shape: TransformerShape, layout: StepLayout) -> float:
-    """One microbatch's activation tensor at a layer boundary: ``b x s/cp x h`` bf16 values."""
-    return layout.micro_batch * shape.seq / layout.cp * shape.dim * 2
+    """One microbatch's activation tensor at a layer boundary: ``b x s/cp x h`` values (bf16: 2 bytes each)."""
+    return layout.micro_batch * shape.seq / layout.cp * shape.dim * layout.value_bytes
 
 
 def tp_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware) -> float:
@@ -50,7 +50,7 @@ def ring_cp_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware) -
     each, ``kv_dim = dim * kv_heads / heads`` (grouped-query attention sends less), split over TP by heads."""
     c = layout.cp
     kv_dim = shape.dim * (shape.kv_heads or shape.heads) // shape.heads
-    shard = 2 * layout.micro_batch * shape.seq / c * kv_dim * 2 / layout.tp  # K and V, bf16, this rank's heads
+    shard = 2 * layout.micro_batch * shape.seq / c * kv_dim * layout.value_bytes / layout.tp  # K and V, this rank's heads
     passes = (2 if layout.recompute else 1) + 2  # forward (again when recomputed) + backward
     link = group_link(layout, "cp", hw)
     per_layer = passes * (c - 1) * (hw.latency_s + shard / link)
@@ -64,7 +64,7 @@ def ulysses_tensor_bytes(shape: TransformerShape, layout: StepLayout) -> dict[st
     t, c = layout.tp, layout.cp
     if shape.heads % (t * c):
         raise ValueError(f"Ulysses needs heads divisible by tp x cp: {shape.heads} heads over {t} x {c}")
-    head_dim, local = shape.dim // shape.heads, layout.micro_batch * shape.seq / c * 2
+    head_dim, local = shape.dim // shape.heads, layout.micro_batch * shape.seq / c * layout.value_bytes
     kv_heads = max((shape.kv_heads or shape.heads) / t, c)
     return {"q": local * shape.heads / t * head_dim, "k": local * kv_heads * head_dim,
             "v": local * kv_heads * head_dim, "out": local * shape.heads / t * head_dim}
@@ -100,7 +100,7 @@ def dp_seconds(shape: TransformerShape, layout: StepLayout, hw: Hardware) -> flo
     n = layout.dp * layout.cp
     params = (shape.matmul_params + shape.embedding_params) / (layout.tp * layout.pp)
     link, lat = group_link(layout, "dp", hw), hw.latency_s
-    grads, weights = params * layout.grad_bytes, params * 2
+    grads, weights = params * layout.grad_bytes, params * layout.value_bytes
     if layout.zero == 0:
         return collective_seconds("all_reduce", grads, n, link, lat)
     gathers = 2 if layout.zero == 3 else 1

@@ -21,7 +21,8 @@ CP_KINDS = ("ring", "ulysses")  # ring attention's K/V passes, or DeepSpeed-Ulys
 class StepLayout:
     """How a step is split: degrees of each parallelism, ``zero`` stage 0-3 over DP, ``micro_batches``
     ``m`` of ``micro_batch`` sequences per pipeline per step, ``virtual`` stages per rank (interleaved 1F1B),
-    ``grad_bytes`` per gradient value on the wire (2 for bf16, 4 when reduced in fp32), ``cp_kind`` how
+    ``grad_bytes`` per gradient value on the wire (2 for bf16, 4 when reduced in fp32), ``value_bytes`` per
+    weight and activation value (2 for bf16; 4 or 8 for the course's float32 and float64 runs), ``cp_kind`` how
     context parallelism attends: ``"ring"`` (K/V passed round the ring) or ``"ulysses"`` (all-to-alls)."""
 
     dp: int = 1
@@ -38,9 +39,11 @@ class StepLayout:
     grad_bytes: int = 2
     top_k: int = 1
     cp_kind: str = "ring"
+    value_bytes: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "micro_batch", "virtual", "grad_bytes", "top_k"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "micro_batches", "micro_batch", "virtual", "grad_bytes", "top_k",
+                     "value_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.zero not in (0, 1, 2, 3):

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ddp_tutorial.performance.flops import TransformerShape
 from ddp_tutorial.performance.hardware import Hardware
-from ddp_tutorial.performance.stepmodel import collective_seconds, ring_bytes, ring_steps
+from ddp_tutorial.performance.stepmodel import StepLayout, collective_seconds, ring_bytes, ring_steps
 
 __all__ = ["cpu_hardware", "link_from_fit", "linear_flops", "Plan", "layout_plan", "predict_plan", "LAYOUTS",
-           "PredictedStep"]
+           "PredictedStep", "capstone_step"]
 
 LAYOUTS = ("DDP", "FSDP2", "TP", "PP")
 MEASURED = "measured on this machine in this run (python -m ddp_tutorial.bench stepmodel)"
@@ -117,3 +118,22 @@ def predict_plan(plan: Plan, hw: Hardware) -> PredictedStep:
     exposed = sum(s for s, h in cost if not h) + max(0.0, hidden - compute)
     bubble = compute * (plan.stages - 1) / plan.micro_batches
     return PredictedStep(compute, sum(s for s, _ in cost), exposed, bubble, compute + exposed + bubble)
+
+
+def capstone_step(layout: dict, run: dict | None = None) -> tuple[TransformerShape, StepLayout]:
+    """Lesson 22's composed step as ``stepmodel`` sees it: the ``CharGPT`` of ``GPTRun(**run)`` and the layout
+    ``{"dp": ..., "tp": ..., "pp": ..., "cp": ...}`` with what the capstone applies to it: FSDP2 (ZeRO-3) over
+    ``dp x cp`` where that is above 1, sequence parallelism with TP, ``microbatches`` per replica when pipelined,
+    and the run's dtype for every value sent (float64 in the compared runs)."""
+    from ddp_tutorial.capstone.chars import VOCAB
+    from ddp_tutorial.capstone.reference import GPTRun
+
+    gpt = GPTRun(**(run or {}))
+    dp, tp, pp, cp = (layout.get(name, 1) for name in ("dp", "tp", "pp", "cp"))
+    m = gpt.microbatches if pp > 1 else 1
+    value_bytes = gpt.dtype.itemsize
+    shape = TransformerShape(vocab=VOCAB, dim=gpt.dim, layers=gpt.layers, heads=gpt.heads, seq=gpt.seq)
+    step = StepLayout(dp=dp, tp=tp, pp=pp, cp=cp, zero=3 if dp * cp > 1 else 0, sequence_parallel=tp > 1,
+                      micro_batches=m, micro_batch=gpt.global_batch // (dp * m), grad_bytes=value_bytes,
+                      value_bytes=value_bytes)
+    return shape, step

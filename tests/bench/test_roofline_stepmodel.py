@@ -14,9 +14,11 @@ import sys
 
 import pytest
 
+from ddp_tutorial.capstone.layout import layouts
+from ddp_tutorial.capstone.reference import GPTRun
 from ddp_tutorial.performance.this_machine import LAYOUTS
 
-SUMMARY = re.compile(r"predicted/measured from (\d+\.\d\d) to (\d+\.\d\d) over 4 layouts on 2 ranks$")
+SUMMARY = re.compile(r"^predicted/measured from (\d+\.\d\d) to (\d+\.\d\d) over 4 layouts on 2 ranks$")
 
 
 def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -28,13 +30,21 @@ def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(300)
 def test_bench_stepmodel_prints_a_row_per_layout_and_the_summary_line(tmp_path):
     out = tmp_path / "stepmodel.json"
-    done = bench("stepmodel", "--steps", "2", "--batch", "64", "--json", str(out))
+    done = bench("stepmodel", "--steps", "2", "--batch", "64", "--capstone-steps", "1", "--json", str(out))
     assert done.returncode == 0, done.stderr
-    last = [line for line in done.stdout.splitlines() if line.strip()][-1]
-    low, high = map(float, SUMMARY.match(last).groups())
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    low, high = map(float, next(SUMMARY.search(line) for line in lines if SUMMARY.search(line)).groups())
     (result,) = json.loads(out.read_text())
-    rows = result["rows"]
+    rows, capstone = result["rows"][:len(LAYOUTS)], result["rows"][len(LAYOUTS):]
     assert [r["layout"] for r in rows] == list(LAYOUTS)
+    # then every layout of 4 ranks lesson 22 admits, predicted and measured, and their summary line last
+    four = [lay for lay in layouts(4, **GPTRun().model_limits()) if lay.world_size == 4]
+    assert [r["layout"] for r in capstone] == [f"capstone {lay}" for lay in four]
+    assert re.search(rf"capstone predicted/measured from \d+\.\d\d to \d+\.\d\d over {len(four)} layouts of 4 ranks$",
+                     lines[-1])
+    assert [r["bubble ms"] > 0 for r in capstone] == [lay.pp > 1 for lay in four]
+    for row in capstone:
+        assert row["predicted ms"] == pytest.approx(row["compute ms"] + row["comm exposed ms"] + row["bubble ms"])
     for row in rows:
         assert row["predicted ms"] == pytest.approx(row["compute ms"] + row["comm exposed ms"] + row["bubble ms"])
         assert row["predicted/measured"] == pytest.approx(row["predicted ms"] / row["measured ms"], abs=0.006)

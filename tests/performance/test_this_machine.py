@@ -15,6 +15,7 @@ from ddp_tutorial.bench.collective_bw import fit_alpha_beta
 from ddp_tutorial.models import DeepMLP
 from ddp_tutorial.performance.stepmodel import collective_seconds
 from ddp_tutorial.performance.this_machine import (
+    capstone_step,
     cpu_hardware,
     layout_plan,
     link_from_fit,
@@ -113,3 +114,34 @@ def test_the_measured_machine_is_a_hardware_with_every_figure_sourced_and_unknow
     assert all("measured on this machine" in s for s in hw.sources.values())
     with pytest.raises(ValueError, match="no layout 'ZeRO'; choose one of DDP, FSDP2, TP, PP"):
         layout_plan("ZeRO", SIZES, 64)
+
+
+def test_the_capstones_layouts_become_step_layouts_as_lesson_22_applies_them():
+    from ddp_tutorial.capstone.chars import VOCAB
+    from ddp_tutorial.capstone.reference import GPTRun, make_gpt
+
+    shape, dp4 = capstone_step({"dp": 4})
+    weights = dict(make_gpt(GPTRun()).named_parameters())
+    linear = sum(p.numel() for n, p in weights.items() if p.dim() == 2 and "tok_embeddings" not in n)
+    assert (shape.matmul_params, shape.embedding_params) == (linear, VOCAB * GPTRun().dim)
+    assert (dp4.zero, dp4.value_bytes, dp4.micro_batches, dp4.micro_batch) == (3, 8, 1, 2)  # FSDP2, float64
+    _, piped = capstone_step({"tp": 2, "pp": 2})
+    assert (piped.zero, piped.sequence_parallel, piped.micro_batches, piped.micro_batch) == (0, True, 2, 4)
+    _, ring = capstone_step({"dp": 2, "cp": 2})
+    assert (ring.zero, ring.cp, ring.micro_batch) == (3, 2, 4)  # FSDP2 over dp x cp, as the capstone's dp_cp
+
+
+def test_value_bytes_scale_what_a_group_sends_and_nothing_else():
+    from ddp_tutorial.performance.hardware import H100
+    from ddp_tutorial.performance.stepmodel import StepLayout, predict
+
+    shape, _ = capstone_step({"dp": 4})
+    hw = H100
+    one = predict(shape, StepLayout(dp=4, zero=3, value_bytes=2, grad_bytes=2), hw)
+    four = predict(shape, StepLayout(dp=4, zero=3, value_bytes=8, grad_bytes=8), hw)
+    # ZeRO-3 over 4 ranks: a reduce-scatter of the gradients and two all-gathers of the weights, 3 (n-1) steps
+    # each paying alpha, and 3 x 3/4 of the parameters' bytes over NVLink: worked out by hand
+    params = shape.matmul_params + shape.embedding_params
+    for step, nbytes in ((one, 2), (four, 8)):
+        assert step.comm["dp"] == pytest.approx(3 * 3 * hw.latency_s + 3 * 0.75 * params * nbytes / hw.nvlink_bytes_per_s)
+    assert one.compute_s == four.compute_s
