@@ -109,7 +109,7 @@ COMMANDS: dict[str, tuple[Command, ...]] = {
                               Command("pipeline_parallel.torch_schedules", comment="torch's seven schedules, each vs one process"),
                               python("bench", "pipeline --schedules", comment="bubble and peak of each schedule, p 2 and 4")),
     "23_how_fast": (python("bench", "roofline", comment="this machine's roofline, the course's operations on it"),
-                    python("bench", "stepmodel", comment="predicted vs measured: DDP, FSDP2, TP, a pipeline"),
+                    python("bench", "stepmodel", comment="predicted vs measured: DDP, FSDP2, TP, a pipeline; the capstone on 4"),
                     python("bench", "published", comment="the step-time model against Llama 3 and Megatron-LM"),
                     python("performance.timing_plan", "--plan llama3-405b --gpus 16384",
                            comment="the planner ranks the layouts that fit by predicted step time")),
