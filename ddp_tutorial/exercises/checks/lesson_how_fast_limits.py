@@ -17,7 +17,7 @@ import math
 import numbers
 from fractions import Fraction
 
-from ddp_tutorial.exercises.checks.estimates import Knobs, fewest_mistakes, not_a_number, verdict
+from ddp_tutorial.exercises.checks.estimates import Knobs, fewest_mistakes, not_a_number
 from ddp_tutorial.exercises.checks.tp_bound import TP_EXERCISES
 from ddp_tutorial.exercises.exercise import Exercise
 from ddp_tutorial.exercises.harness import Case, Report, load_function, run_cases
@@ -111,10 +111,12 @@ def wrong_fit(got: object, call: str, memory_gib: float, reserve_gib: float, *, 
                                                                                                reserve_gib, k),
                                rel=1e-15)
     per = per_parameter(gpus=gpus, tp=tp, pp=pp, zero=zero)
-    return verdict(call, float(got), float(want), mistakes,
-                   f"{memory_gib - reserve_gib:g} GiB x 2**30 bytes over {float(per):.6g} bytes per parameter on "
-                   f"each GPU (16 bytes, split by tp x pp, ZeRO-{zero}'s shares over dp = {gpus // (tp * pp)}), "
-                   "rounded down")
+    head = f"{call} returned {int(got):,}, expected {want:,}"
+    if mistakes:
+        return f"{head}: " + "; and ".join(mistakes)
+    return (f"{head}; no typical mistake gives that number: {memory_gib - reserve_gib:g} GiB x 2**30 bytes over "
+            f"{float(per):.6g} bytes per parameter on each GPU (16 bytes, split by tp x pp, ZeRO-{zero}'s shares "
+            f"over dp = {gpus // (tp * pp)}), rounded down")
 
 
 def largest_model_worker(rank: int, world_size: int, source: str, function: str, trace_dir: str) -> Report:
